@@ -1,0 +1,43 @@
+# jdist: two commands on a fresh machine — `make demo` and `make test`.
+# Everything goes into .venv at the repo root; nothing else is needed (no apt, no system MPI).
+
+PYTHON ?= python3
+# The CPU build of torch (on these machines it lies on disk); override for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.jdist-installed
+PYTEST_FLAGS ?= -q
+
+.PHONY: venv demo test test-unit test-notebooks bench lab clean
+
+$(STAMP): pyproject.toml Makefile
+	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
+
+test: test-unit test-notebooks
+
+test-unit: venv
+	$(BIN)/python -m pytest tests $(PYTEST_FLAGS)
+
+test-notebooks: venv
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax notebooks $(PYTEST_FLAGS)
+
+bench: venv
+	$(BIN)/python benchmarks/bench_overhead.py
+
+lab: venv
+	$(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/jupyter lab notebooks
+
+clean:
+	rm -rf build .pytest_cache

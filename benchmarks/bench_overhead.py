@@ -1,0 +1,432 @@
+"""How much does running DDP training through jdist cost, compared with plain torchrun?
+
+Measured side by side in one run, on 2 CPU ranks (gloo):
+
+1. Per-step time of the same training loop (``benchmarks/ddp_plain.py``: MLP
+   64 -> 256 -> 256 -> 10, batch 64, SGD, fixed seed, synthetic data, 1 torch thread
+   per rank), run (a) by ``torchrun --nproc_per_node 2`` with DDP and (b) as a
+   ``%%distributed`` cell in a real Jupyter kernel (nbclient), with ``jdist.log`` every
+   step (dashboard on and ``--no-dashboard``) and without it. Steps are timed on each
+   rank with ``time.perf_counter``; warm-up steps are dropped. The variants are
+   interleaved, ``--repeats`` times, with the order rotated each repeat.
+2. Cold start: the first ``%%distributed -n 2`` cell (body ``pass``) in a fresh kernel.
+3. Warm empty-cell round trip: ``%%distributed pass`` vs ipyparallel's ``%%px pass`` on
+   the same engines (and ``view.execute("pass", block=True)`` as the floor), interleaved.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_overhead.py [--steps 200] [--warmup 20] [--repeats 3]
+                                                  [--empty-runs 30] [--json results.json]
+
+See docs/benchmarks.md for what the figures mean and the figures of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PLAIN_SCRIPT = HERE / "ddp_plain.py"
+RANKS = 2
+MARK = "@@JDIST-BENCH@@"
+
+#: Variant name -> (%%distributed options, log every step?)
+JDIST_VARIANTS: dict[str, tuple[str, bool]] = {
+    "jdist_log": ("", True),
+    "jdist_log_nodash": ("--no-dashboard", True),
+    "jdist_nolog": ("", False),
+}
+LABELS = {
+    "plain": "torchrun + DDP (plain)",
+    "jdist_log": "%%distributed + jdist.log",
+    "jdist_log_nodash": "%%distributed + jdist.log --no-dashboard",
+    "jdist_nolog": "%%distributed, no jdist.log",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# statistics helpers
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def step_summary(per_rank: list[list[float]], warmup: int) -> dict[str, Any]:
+    """Per-rank median/p90 of the steps after warm-up; the mean over ranks of each (seconds)."""
+    kept = [t[warmup:] for t in per_rank]
+    medians = [statistics.median(t) for t in kept]
+    p90s = [quantile(t, 0.9) for t in kept]
+    return {
+        "median_s": statistics.fmean(medians),
+        "p90_s": statistics.fmean(p90s),
+        "rank_median_s": medians,
+        "rank_p90_s": p90s,
+        "steps": len(kept[0]),
+    }
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+
+
+# ---------------------------------------------------------------------------------------
+# (a) plain torchrun
+def torchrun_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "torchrun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def run_plain(total_steps: int, workdir: Path) -> dict[str, Any]:
+    out = workdir / "plain.json"
+    cmd = torchrun_cmd() + [
+        "--standalone", "--nproc_per_node", str(RANKS), str(PLAIN_SCRIPT), "--steps", str(total_steps), "--out", str(out)
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not out.exists():
+        sys.exit(f"torchrun failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    data = json.loads(out.read_text())
+    out.unlink()
+    data["wall_s"] = wall
+    return data
+
+
+# ---------------------------------------------------------------------------------------
+# (b) a real Jupyter kernel driven by nbclient
+class Kernel:
+    """A Jupyter kernel (kernelspec ``python3``) that runs cells one at a time via nbclient."""
+
+    def __init__(self, workdir: Path, kernel_name: str):
+        import nbformat
+        from nbclient import NotebookClient
+
+        self.nbformat = nbformat
+        self.nb = nbformat.v4.new_notebook()
+        self.client = NotebookClient(
+            self.nb, kernel_name=kernel_name, timeout=600, allow_errors=False,
+            resources={"metadata": {"path": str(workdir)}},
+        )
+        self._ctx: Any = None
+
+    def start(self) -> float:
+        t0 = time.perf_counter()
+        self._ctx = self.client.setup_kernel()
+        self._ctx.__enter__()
+        self.run("pass")  # kernel is ready once it answered one cell
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self._ctx = None
+
+    def run(self, source: str) -> tuple[list[dict[str, Any]], str, float]:
+        """Execute one cell; returns (marker records, all stdout text, client-side wall seconds)."""
+        cell = self.nbformat.v4.new_code_cell(source)
+        self.nb.cells.append(cell)
+        t0 = time.perf_counter()
+        self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        wall = time.perf_counter() - t0
+        text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        recs = [json.loads(line[len(MARK):]) for line in text.splitlines() if line.startswith(MARK)]
+        return recs, text, wall
+
+    def run_one(self, source: str) -> tuple[dict[str, Any], float]:
+        recs, text, wall = self.run(source)
+        if len(recs) != 1:
+            sys.exit(f"benchmark cell printed no result; its output was:\n{text}")
+        return recs[0], wall
+
+
+SETUP_CELL = f"""
+import json, time, statistics
+MARK = {MARK!r}
+def _emit(**kw):
+    print(MARK + json.dumps(kw), flush=True)
+_t0 = time.perf_counter()
+get_ipython().run_line_magic("load_ext", "jdist")
+_emit(load_ext_s=time.perf_counter() - _t0)
+"""
+
+COLD_CELL = """
+_t0 = time.perf_counter()
+get_ipython().run_cell_magic("distributed", "-n %d", "pass")
+_emit(cold_start_s=time.perf_counter() - _t0)
+""" % RANKS
+
+RANK_CODE = """
+import importlib.util as _ilu
+_spec = _ilu.spec_from_file_location("jdist_bench_loop", {path!r})
+_bench = _ilu.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+_model, _x, _y = _bench.build(rank, {total})
+_model = jdist.prepare(_model)
+_times, _loss = _bench.train(_model, _x, _y, log={log})
+bench_out = {{"times": _times, "loss": _loss, "threads": __import__("torch").get_num_threads()}}
+del _model, _x, _y
+"""
+
+TRAIN_CELL = """
+_before = jdist.last_run()
+_code = {code!r}
+_t0 = time.perf_counter()
+get_ipython().run_cell_magic("distributed", {opts!r}, _code)
+_wall = time.perf_counter() - _t0
+get_ipython().run_line_magic("dist", "pull bench_out")
+_run = jdist.last_run()
+_hist = None
+if {logs} and _run is not None and _run is not _before:
+    _h = _run.history
+    _hist = {{"rows": len(_h), "step_time_s": [_h[_h["rank"] == r].sort_values("step")["step_time_s"].tolist() for r in range({ranks})],
+              "comm_time_s": [_h[_h["rank"] == r].sort_values("step")["comm_time_s"].tolist() for r in range({ranks})]}}
+_emit(times=[o["times"] for o in bench_out], loss=[o["loss"] for o in bench_out],
+      threads=[o["threads"] for o in bench_out], wall_s=_wall, history=_hist)
+"""
+
+EMPTY_CELL = """
+_ip = get_ipython()
+_rc = jdist.cluster.current().client
+_view = _rc.activate()   # %%px on all engines, blocking (what ipyparallel's docs do)
+_floor_view = _rc[:]
+def _timed(fn):
+    t = time.perf_counter(); fn(); return time.perf_counter() - t
+_kinds = {{
+    "distributed": lambda: _ip.run_cell_magic("distributed", "", "pass"),
+    "px": lambda: _ip.run_cell_magic("px", "", "pass"),
+    "execute": lambda: _floor_view.execute("pass", block=True),
+}}
+for _ in range(3):
+    for _f in _kinds.values():
+        _f()
+_samples = {{k: [] for k in _kinds}}
+for _ in range({n}):
+    for _k, _f in _kinds.items():
+        _samples[_k].append(_timed(_f))
+_emit(**_samples)
+"""
+
+STOP_CELL = """
+_t0 = time.perf_counter()
+get_ipython().run_line_magic("dist", "stop")
+_emit(stop_s=time.perf_counter() - _t0)
+"""
+
+
+def run_jdist(kernel: Kernel, variant: str, total_steps: int) -> dict[str, Any]:
+    opts, logs = JDIST_VARIANTS[variant]
+    code = RANK_CODE.format(
+        path=str(PLAIN_SCRIPT), total=total_steps, log="lambda i, v: jdist.log(step=i, loss=v)" if logs else "None"
+    )
+    rec, wall = kernel.run_one(TRAIN_CELL.format(code=code, opts=opts, logs=logs, ranks=RANKS))
+    rec["client_wall_s"] = wall
+    return rec
+
+
+# ---------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:8.2f}"
+
+
+def print_report(res: dict[str, Any]) -> None:
+    cfg = res["config"]
+    print()
+    print(f"jdist overhead benchmark: {RANKS} CPU ranks (gloo), MLP 64-256-256-10, batch 64, "
+          f"{cfg['steps']} steps after {cfg['warmup']} warm-up, {cfg['repeats']} repeat(s) interleaved")
+    m = res["machine"]
+    print(f"machine: {m['cpu_count']} cores ({m['processor']}), torch {m['torch']}, "
+          f"CUDA {'yes' if m['cuda_available'] else 'no'}, Python {m['python']}")
+    print()
+    print("1. Per-step time, ms (per repeat: median over steps on each rank, mean over ranks; "
+          "min / median / max over repeats)")
+    hdr = f"   {'variant':<42}{'min':>8}{'median':>9}{'max':>8}{'p90':>9}{'x plain':>9}"
+    print(hdr)
+    steps = res["steps"]
+    base = steps["plain"]["median_s"]["median"]
+    for v in ["plain", *JDIST_VARIANTS]:
+        s = steps[v]
+        ratio = s["median_s"]["median"] / base
+        print(f"   {LABELS[v]:<42}{ms(s['median_s']['min'])}{ms(s['median_s']['median']):>9}"
+              f"{ms(s['median_s']['max'])}{ms(s['p90_s']['median']):>9}{ratio:>8.2f}x")
+    for v in JDIST_VARIANTS:
+        pr = steps[v]["paired_ratio"]
+        print(f"   paired ratio {v}/plain per repeat: min {pr['min']:.2f}  median {pr['median']:.2f}  max {pr['max']:.2f}")
+    h = steps["jdist_log"].get("history_median_s")
+    if h:
+        print(f"   cross-check, jdist.last_run().history.step_time_s (median, mean over ranks), jdist_log: "
+              f"{h['median'] * 1e3:.2f} ms (min {h['min'] * 1e3:.2f}, max {h['max'] * 1e3:.2f}); "
+              f"comm_time_s median {steps['jdist_log']['history_comm_median_s']['median'] * 1e3:.2f} ms")
+    print(f"   cell wall time in the kernel (whole cell, incl. build + DDP wrap), median: "
+          + ", ".join(f"{v} {steps[v]['cell_wall_s']['median']:.2f} s" for v in JDIST_VARIANTS)
+          + f"; plain torchrun process wall {steps['plain']['process_wall_s']['median']:.2f} s")
+    losses = {v: steps[v]["final_loss"] for v in steps}
+    print(f"   final loss (rank 0), same code path check: "
+          + ", ".join(f"{v} {losses[v]:.6f}" for v in losses))
+    f = res["first_cells"]
+    print("   not in the table, the session's first training cell of each kind (warm-up round): "
+          + ", ".join(f"{v} {f[v]['median_s'] * 1e3:.2f} ms/step, cell {f[v]['cell_wall_s']:.2f} s" for v in f))
+    ld = res["load_1min"]
+    print(f"   1-min load average during part 1: min {ld['min']:.2f}, median {ld['median']:.2f}, max {ld['max']:.2f} "
+          f"(on {m['cpu_count']} cores)")
+    print()
+    c = res["cold"]
+    print("2. Cold start (fresh kernel)")
+    print(f"   kernel start (nbclient, until it ran one cell)        {c['kernel_start_s']:6.2f} s")
+    print(f"   %load_ext jdist                                        {c['load_ext_s']:6.2f} s")
+    print(f"   first %%distributed -n {RANKS} cell (pass), in kernel      {c['cold_start_s']:6.2f} s"
+          f"   (nbclient round trip {c['cold_client_wall_s']:.2f} s)")
+    print(f"   %dist stop at the end                                  {c['stop_s']:6.2f} s")
+    print()
+    e = res["empty"]
+    print(f"3. Warm empty-cell round trip, ms ({e['runs']} runs each, interleaved; timed in the kernel)")
+    print(f"   {'cell':<42}{'min':>8}{'median':>9}{'p90':>9}")
+    for k, label in (("distributed", "%%distributed pass"), ("px", "%%px pass (same engines)"),
+                     ("execute", "view.execute('pass', block=True)")):
+        d = e[k]
+        print(f"   {label:<42}{ms(d['min'])}{ms(d['median']):>9}{ms(d['p90']):>9}")
+    print(f"   ratio %%distributed / %%px (medians): {e['distributed']['median'] / e['px']['median']:.2f}x")
+    print()
+    print(f"total benchmark time: {res['total_s']:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200, help="timed training steps per run (default 200)")
+    parser.add_argument("--warmup", type=int, default=20, help="warm-up steps dropped before timing (default 20)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each training variant (default 3)")
+    parser.add_argument("--empty-runs", type=int, default=30, help="empty cells timed per kind (default 30)")
+    parser.add_argument("--kernel", default="python3", help="Jupyter kernelspec to run (default python3)")
+    parser.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.empty_runs < 1:
+        parser.error("--steps, --repeats and --empty-runs must be positive, --warmup non-negative")
+
+    t_start = time.perf_counter()
+    total_steps = args.steps + args.warmup
+    res: dict[str, Any] = {
+        "config": {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                   "empty_runs": args.empty_runs, "ranks": RANKS, "kernel": args.kernel},
+        "machine": machine(),
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="jdist-bench-"))
+    os.environ["JDIST_RUN_DIR"] = str(workdir / "runs")  # keep run logs out of the user's data dir
+    kernel = Kernel(workdir, args.kernel)
+    raw: dict[str, list[dict[str, Any]]] = {v: [] for v in ["plain", *JDIST_VARIANTS]}
+    try:
+        print("starting a Jupyter kernel...", flush=True)
+        cold: dict[str, Any] = {"kernel_start_s": kernel.start()}
+        rec, _ = kernel.run_one(SETUP_CELL)
+        cold.update(rec)
+        print(f"cold start: first %%distributed -n {RANKS} cell...", flush=True)
+        rec, wall = kernel.run_one(COLD_CELL)
+        cold.update(rec, cold_client_wall_s=wall)
+
+        # Round 0, not in the table: the first training cells of the session pay one-off costs
+        # (the kernel imports plotly/ipywidgets/matplotlib for the first dashboard).
+        first: dict[str, Any] = {}
+        for v in JDIST_VARIANTS:
+            print(f"warm-up round: {v}...", flush=True)
+            r = run_jdist(kernel, v, total_steps)
+            first[v] = {"cell_wall_s": r["wall_s"], "median_s": step_summary(r["times"], args.warmup)["median_s"]}
+        res["first_cells"] = first
+
+        order = ["plain", *JDIST_VARIANTS]
+        loads = [os.getloadavg()[0]]
+        for rep in range(args.repeats):
+            k = rep % len(order)
+            for v in order[k:] + order[:k]:
+                print(f"repeat {rep + 1}/{args.repeats}: {v}...", flush=True)
+                raw[v].append(run_plain(total_steps, workdir) if v == "plain" else run_jdist(kernel, v, total_steps))
+                loads.append(os.getloadavg()[0])
+        res["load_1min"] = spread(loads)
+
+        print(f"warm empty cells: {args.empty_runs} x 3 kinds...", flush=True)
+        rec, _ = kernel.run_one(EMPTY_CELL.format(n=args.empty_runs))
+        res["empty"] = {"runs": args.empty_runs}
+        for k, xs in rec.items():
+            res["empty"][k] = {**spread(xs), "p90": quantile(xs, 0.9)}
+        rec, _ = kernel.run_one(STOP_CELL)
+        cold.update(rec)
+        res["cold"] = cold
+    finally:
+        kernel.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    steps: dict[str, Any] = {}
+    for v, runs in raw.items():
+        sums = [step_summary(r["times"], args.warmup) for r in runs]
+        entry: dict[str, Any] = {
+            "median_s": spread([s["median_s"] for s in sums]),
+            "p90_s": spread([s["p90_s"] for s in sums]),
+            "per_repeat": sums,
+            "final_loss": runs[-1]["loss"][0],
+            "threads": runs[-1]["threads"],
+        }
+        if v == "plain":
+            entry["process_wall_s"] = spread([r["wall_s"] for r in runs])
+        else:
+            entry["cell_wall_s"] = spread([r["wall_s"] for r in runs])
+            entry["paired_ratio"] = spread([s["median_s"] / p["median_s"] for s, p in
+                                            zip(sums, (step_summary(r["times"], args.warmup) for r in raw["plain"]))])
+            hists = [r["history"] for r in runs if r.get("history")]
+            if hists:
+                entry["history_rows"] = [h["rows"] for h in hists]
+                entry["history_median_s"] = spread([step_summary(h["step_time_s"], args.warmup)["median_s"] for h in hists])
+                entry["history_comm_median_s"] = spread([step_summary(h["comm_time_s"], args.warmup)["median_s"]
+                                                         for h in hists])
+        steps[v] = entry
+    res["steps"] = steps
+    res["total_s"] = time.perf_counter() - t_start
+    print_report(res)
+    for v in JDIST_VARIANTS:
+        rows = steps[v].get("history_rows")
+        if rows and any(r != RANKS * total_steps for r in rows):
+            print(f"WARNING: {v}: jdist history had {rows} rows, expected {RANKS * total_steps} per run")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+        print(f"figures written to {args.json}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Cluster lifecycle on ipyparallel: MPI-launched engines, one per rank.
+
+:class:`DistributedCluster` starts an ipyparallel controller on loopback and N engines
+under ``mpiexec`` (taken from the running environment, not from PATH), waits for them
+with progress feedback, and runs :func:`jdist.rank.setup` on every engine (MPI rank,
+device pinning, backend process group). One cluster per kernel: :func:`current`.
+
+Example:
+    >>> from jdist.cluster import ClusterConfig, DistributedCluster
+    >>> c = DistributedCluster(ClusterConfig(n=2)); c.start()     # doctest: +SKIP
+    >>> c.pull("rank")                                            # doctest: +SKIP
+    [0, 1]
+    >>> c.stop()                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .backends import available_backends, get_backend
+
+#: Largest rank count accepted for local CPU ranks (each rank is a Python process with torch).
+MAX_LOCAL_RANKS = 64
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be started or used; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What ``%%distributed`` options ask for.
+
+    ``n`` ranks; ``gpus`` True pins one CUDA device per rank (NCCL), else CPU ranks (gloo).
+    ``timeout``: process-group timeout in seconds. ``start_timeout``: seconds to wait for
+    engines to register. ``threads``: torch threads per CPU rank (None: cores / ranks).
+    """
+
+    n: int
+    gpus: bool = False
+    backend: str = "ddp"
+    timeout: float = 60.0
+    start_timeout: float = 120.0
+    threads: int | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError with the fix for impossible settings (before anything starts)."""
+        if self.n < 1:
+            raise ValueError(f"-n/--gpus must be at least 1 (got {self.n}); e.g. -n 2.")
+        if not self.gpus and self.n > MAX_LOCAL_RANKS:
+            raise ValueError(f"-n {self.n} is more than {MAX_LOCAL_RANKS} local ranks; use -n {MAX_LOCAL_RANKS} or fewer.")
+        get_backend(self.backend)  # names the valid choices
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be positive seconds (got {self.timeout}).")
+        if self.gpus:
+            have = visible_gpus()
+            if have < self.n:
+                raise ValueError(
+                    f"--gpus {self.n} asks for {self.n} GPUs but this machine has {have} visible CUDA GPU(s). "
+                    f"Use -n {self.n} to run {self.n} CPU ranks with gloo"
+                    + (f", or --gpus {have}." if have else ".")
+                )
+
+
+def visible_gpus() -> int:
+    """CUDA devices visible to this process (0 without torch or CUDA); does not initialise CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` of the running environment (``sys.prefix/bin``), else the one on PATH."""
+    candidate = Path(sys.prefix) / "bin" / "mpiexec"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise ClusterError(
+        f"No mpiexec found in {candidate.parent} or on PATH. Install MPI into this environment: "
+        f"{sys.executable} -m pip install mpich mpi4py"
+    )
+
+
+class DistributedCluster:
+    """An ipyparallel cluster of MPI ranks with a backend set up on each.
+
+    The mapping from rank to ipyparallel engine id comes from the ranks themselves
+    (``ranks`` holds each rank's :func:`jdist.rank.info`).
+    """
+
+    def __init__(self, config: ClusterConfig):
+        config.validate()
+        self.config = config
+        self.cluster: Any = None  # ipyparallel.Cluster
+        self.client: Any = None  # ipyparallel.Client
+        self.ranks: list[dict[str, Any]] = []
+        self._engine_of_rank: dict[int, int] = {}
+        self.started_at: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.client is not None
+
+    def start(self, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        """Start controller and engines, wait for all ranks, set up the backend on them.
+
+        ``progress(message)`` is called with human-readable progress lines.
+        """
+        import ipyparallel as ipp
+
+        say = progress or (lambda msg: None)
+        n = self.config.n
+        t0 = time.perf_counter()
+        cluster = ipp.Cluster(
+            engines="mpi",
+            n=n,
+            cluster_id=f"jdist-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            controller_ip="127.0.0.1",
+            log_level=logging.WARNING,
+        )
+        cluster.config.MPILauncher.mpi_cmd = [mpiexec_path()]
+        self.cluster = cluster
+        try:
+            say(f"Starting {n} MPI rank(s)...")
+            cluster.start_controller_sync()
+            cluster.start_engines_sync(n)
+            client = cluster.connect_client_sync()
+            self.client = client
+            self._wait_for_engines(say, t0)
+            say(f"{n} rank(s) registered after {time.perf_counter() - t0:.1f} s; setting up {self.config.backend}...")
+            self._setup_ranks()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        kinds = sorted({r["device"] for r in self.ranks})
+        say(
+            f"Ready: {n} rank(s), backend {self.config.backend}, device(s) {', '.join(kinds)} "
+            f"({time.perf_counter() - t0:.1f} s)."
+        )
+        return self.ranks
+
+    def _wait_for_engines(self, say: Callable[[str], None], t0: float) -> None:
+        n = self.config.n
+        deadline = time.monotonic() + self.config.start_timeout
+        last = -1
+        while True:
+            have = len(self.client.ids)
+            if have >= n:
+                return
+            if have != last:
+                say(f"  {have}/{n} ranks registered ({time.perf_counter() - t0:.1f} s)")
+                last = have
+            dead = self._dead_launcher_output()
+            if dead is not None:
+                raise ClusterError(f"mpiexec exited before all ranks registered ({have}/{n}). Its output:\n{dead}")
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"Only {have}/{n} ranks registered within {self.config.start_timeout:.0f} s. "
+                    "Try fewer ranks (-n), or a longer --start-timeout."
+                )
+            time.sleep(0.05)
+
+    def _dead_launcher_output(self) -> str | None:
+        """The output of an engine launcher (mpiexec) that has exited, else None."""
+        for launcher in (self.cluster.engines or {}).values():
+            if launcher.state == "after" or not _process_alive(getattr(launcher, "process", None)):
+                try:
+                    return launcher.get_output(remove=False).strip() or "(no output)"
+                except OSError:
+                    return "(no output captured)"
+        return None
+
+    def _setup_ranks(self) -> None:
+        from . import rank as rank_runtime
+
+        view = self.client[:]
+        cfg = asdict(self.config)
+        ar = view.apply_async(rank_runtime.setup, cfg)
+        try:
+            infos = ar.get(timeout=self.config.timeout + 30)
+        except Exception as exc:
+            raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: {exc}") from exc
+        self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ar._targets, infos)}
+        self.ranks = sorted(infos, key=lambda i: i["rank"])
+
+    def stop(self) -> None:
+        """Stop engines and controller (teardown on the ranks first, best effort). Idempotent."""
+        client, cluster = self.client, self.cluster
+        self.client = self.cluster = None
+        self.ranks, self._engine_of_rank = [], {}
+        if client is not None:
+            try:
+                from . import rank as rank_runtime
+
+                client[:].apply_async(rank_runtime.teardown).get(timeout=5)
+            except Exception:
+                pass  # engines may be dead or busy; stopping them below releases everything
+            client.close()
+        if cluster is not None:
+            cluster.stop_cluster_sync()
+
+    def restart(self, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        """Stop and start again with the same configuration (all rank state is lost)."""
+        self.stop()
+        return self.start(progress)
+
+    # -- using the ranks -------------------------------------------------------------------
+    def _require(self) -> Any:
+        if self.client is None:
+            raise ClusterError("No jdist cluster is running. Start one with %%distributed -n 2 (or --gpus N).")
+        return self.client
+
+    def engine_ids(self, ranks: Sequence[int] | None = None) -> list[int]:
+        """Engine ids for ``ranks`` (all ranks if None); ValueError naming the valid ranks."""
+        self._require()
+        if ranks is None:
+            return [self._engine_of_rank[r] for r in sorted(self._engine_of_rank)]
+        bad = [r for r in ranks if r not in self._engine_of_rank]
+        if bad:
+            raise ValueError(
+                f"No rank {', '.join(map(str, bad))} in this cluster; ranks are 0..{self.config.n - 1}."
+            )
+        return [self._engine_of_rank[r] for r in ranks]
+
+    def rank_of_engine(self, engine_id: int) -> int:
+        return {e: r for r, e in self._engine_of_rank.items()}[engine_id]
+
+    def execute(self, code: str, ranks: Sequence[int] | None = None) -> Any:
+        """Send ``code`` to run on ``ranks`` (default all); returns the ipyparallel AsyncResult."""
+        view = self._require()[self.engine_ids(ranks)]
+        return view.execute(code, silent=False, block=False)
+
+    def apply(self, fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None,
+              timeout: float | None = 30) -> list[Any]:
+        """Call ``fn(*args)`` on ``ranks`` and return the results in rank order."""
+        view = self._require()[self.engine_ids(ranks)]
+        return view.apply_async(fn, *args).get(timeout=timeout)
+
+    def interrupt(self, ranks: Sequence[int] | None = None) -> None:
+        """Send SIGINT to the rank processes (KeyboardInterrupt in their running code)."""
+        self._require().send_signal(signal.SIGINT, targets=self.engine_ids(ranks), block=True)
+
+    def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """The value of ``name`` from each rank's namespace, in rank order."""
+        return self.apply(_get_global, name, ranks=ranks)
+
+    def push(self, name: str, value: Any, ranks: Sequence[int] | None = None) -> None:
+        """Set ``name`` to ``value`` in each rank's namespace."""
+        view = self._require()[self.engine_ids(ranks)]
+        view.push({name: value}, block=True)
+
+    def status(self) -> dict[str, Any]:
+        """Config, uptime and per-rank info with ``state`` busy/idle (queue from the controller)."""
+        client = self._require()
+        queue = client.queue_status()
+        ranks = []
+        for info in self.ranks:
+            eid = self._engine_of_rank[info["rank"]]
+            q = queue.get(eid, {})
+            busy = bool(q.get("queue") or q.get("tasks"))
+            ranks.append({**info, "engine_id": eid, "state": "busy" if busy else "idle"})
+        return {
+            "config": asdict(self.config),
+            "uptime_s": time.time() - (self.started_at or time.time()),
+            "cluster_id": self.cluster.cluster_id if self.cluster else None,
+            "ranks": ranks,
+        }
+
+
+def _process_alive(proc: Any) -> bool:
+    """psutil.Process still running and not a zombie (None counts as alive: not started yet)."""
+    import psutil
+
+    if proc is None:
+        return True
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _get_global(name: str) -> Any:
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    if name not in ns:
+        raise NameError(f"name {name!r} is not defined on this rank")
+    return ns[name]
+
+
+_current: DistributedCluster | None = None
+
+
+def current() -> DistributedCluster | None:
+    """The kernel's running cluster, or None."""
+    return _current if _current is not None and _current.running else None
+
+
+def set_current(cluster: DistributedCluster | None) -> None:
+    global _current
+    _current = cluster
+
+
+__all__ = [
+    "ClusterConfig",
+    "ClusterError",
+    "DistributedCluster",
+    "available_backends",
+    "current",
+    "mpiexec_path",
+    "set_current",
+    "visible_gpus",
+]

@@ -1,0 +1,137 @@
+"""Cluster lifecycle on a real MPI ipyparallel cluster (no kernel: DistributedCluster directly)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from ipyparallel import interactive
+
+from jdist.cluster import ClusterConfig, ClusterError, DistributedCluster, mpiexec_path, visible_gpus
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
+    messages: list[str] = []
+    c = DistributedCluster(ClusterConfig(n=2, timeout=30))
+    c.start(messages.append)
+    c.start_messages = messages  # type: ignore[attr-defined]
+    yield c
+    c.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] != "Z"
+
+
+def test_start_reports_progress_and_ranks(cluster):
+    assert [r["rank"] for r in cluster.ranks] == [0, 1]
+    assert {r["world_size"] for r in cluster.ranks} == {2}
+    assert {r["device"] for r in cluster.ranks} == {"cpu"}
+    assert cluster.start_messages[0].startswith("Starting 2 MPI rank")
+    assert cluster.start_messages[-1].startswith("Ready: 2 rank(s), backend ddp")
+
+
+def test_ranks_come_from_mpi_and_torch_group_matches(cluster):
+    got = cluster.apply(_mpi_and_torch_ranks)
+    assert got == [(0, 2, 0, 2), (1, 2, 1, 2)]
+
+
+@interactive  # pickled by value: this test module is not importable on the engines
+def _mpi_and_torch_ranks():
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    return (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), dist.get_rank(), dist.get_world_size())
+
+
+def test_names_defined_on_ranks_and_push_pull(cluster):
+    assert cluster.pull("rank") == [0, 1]
+    assert cluster.pull("world_size") == [2, 2]
+    cluster.push("greeting", "hi", ranks=[1])
+    assert cluster.pull("greeting", ranks=[1]) == ["hi"]
+
+
+def test_status_lists_ranks_idle(cluster):
+    st = cluster.status()
+    assert [r["state"] for r in st["ranks"]] == ["idle", "idle"]
+    assert st["config"]["n"] == 2 and st["cluster_id"].startswith("jdist-")
+
+
+def test_unknown_rank_names_valid_ranks(cluster):
+    with pytest.raises(ValueError, match=r"No rank 5.*0\.\.1"):
+        cluster.engine_ids([5])
+
+
+def test_interrupt_stops_running_code_and_keeps_state(cluster):
+    cluster.push("kept", 42)
+    ar = cluster.execute("import time\nfor i in range(600):\n    time.sleep(0.1)")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    cluster.interrupt()
+    ar.wait(10)
+    assert ar.ready() and time.monotonic() - t0 < 5
+    assert {md["error"].ename for md in ar.metadata} == {"KeyboardInterrupt"}
+    assert cluster.pull("kept") == [42, 42]
+
+
+def test_stop_ends_every_rank_process():
+    c = DistributedCluster(ClusterConfig(n=2, timeout=30))
+    c.start()
+    pids = [r["pid"] for r in c.ranks]
+    assert all(_alive(p) for p in pids)
+    c.stop()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    assert not c.running
+    c.stop()  # idempotent
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"n": 0}, r"at least 1.*-n 2"),
+        ({"n": 1000}, r"-n 64 or fewer"),
+        ({"n": 2, "backend": "mpi-magic"}, r"Unknown backend.*ddp"),
+        ({"n": 2, "timeout": 0}, r"--timeout must be positive"),
+    ],
+)
+def test_config_errors_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedCluster(ClusterConfig(**kwargs))
+
+
+@pytest.mark.skipif(visible_gpus() >= 2, reason="this machine has GPUs")
+def test_gpus_without_gpus_suggests_cpu_ranks():
+    with pytest.raises(ValueError, match=r"--gpus 2 asks for 2 GPUs.*Use -n 2 to run 2 CPU ranks"):
+        DistributedCluster(ClusterConfig(n=2, gpus=True))
+
+
+def test_mpiexec_comes_from_the_environment_not_path(monkeypatch):
+    import sys
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert mpiexec_path() == os.path.join(sys.prefix, "bin", "mpiexec")
+
+
+def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
+    # An mpiexec that fails at once stands in for a broken MPI install.
+    import jdist.cluster as cl
+
+    monkeypatch.setattr(cl, "mpiexec_path", lambda: "/bin/false")
+    c = DistributedCluster(ClusterConfig(n=2, start_timeout=30))
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="mpiexec exited before all ranks registered"):
+        c.start()
+    assert time.monotonic() - t0 < 20
+    assert not c.running

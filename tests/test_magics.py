@@ -1,0 +1,101 @@
+"""The magics: argument parsing (unit) and their behaviour in a real kernel with a real cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import strip_ansi
+from jdist.cluster import visible_gpus
+from jdist.magics import UsageError, parse_targets
+
+
+@pytest.mark.parametrize("text,ranks", [(None, None), ("all", None), ("0", [0]), ("0,2", [0, 2]), ("1-3", [1, 2, 3]), ("3, 1,1", [1, 3])])
+def test_parse_targets(text, ranks):
+    assert parse_targets(text) == ranks
+
+
+@pytest.mark.parametrize("text", ["x", "1-", "3-1", "-1", "0;1"])
+def test_parse_targets_rejects_with_example(text):
+    with pytest.raises(UsageError, match="--targets 0,2"):
+        parse_targets(text)
+
+
+def test_no_cluster_errors_say_how_to_start(kernel):
+    out = kernel.run("%%distributed\nx = 1", allow_error=True)
+    assert "No cluster is running: start one with %%distributed -n 2" in out.traceback
+    out = kernel.run("%dist status", allow_error=True)
+    assert "%%distributed -n 2" in out.traceback
+    assert "No jdist cluster is running." in kernel.run("%dist stop").stdout
+
+
+@pytest.mark.skipif(visible_gpus() >= 2, reason="this machine has GPUs")
+def test_gpus_without_gpus_names_the_cpu_alternative(kernel):
+    out = kernel.run("%%distributed --gpus 2\nx = 1", allow_error=True)
+    assert "--gpus 2 asks for 2 GPUs" in out.traceback and "Use -n 2 to run 2 CPU ranks" in out.traceback
+    assert len(out.traceback.splitlines()) <= 2, "one clear line, no internal traceback"
+
+
+def test_bad_options_are_one_line_errors(kernel):
+    for line, expect in [
+        ("-n 0", "at least 1"),
+        ("-n 2 --backend nope", "Unknown backend 'nope'"),
+        ("-n 2 --gpus 2", "not both"),
+        ("-n 2 --output loud", "invalid choice"),
+    ]:
+        out = kernel.run(f"%%distributed {line}\nx = 1", allow_error=True)
+        shown = out.traceback + out.stderr  # argparse errors come as IPython's UsageError on stderr
+        assert expect in shown, (line, shown)
+        assert len(shown.strip().splitlines()) <= 2
+
+
+def test_help_is_real(kernel):
+    out = kernel.run("%%distributed?")
+    text = strip_ansi(out.pager)
+    for word in ["--gpus", "--targets", "--backend", "--output", "rank", "Example"]:
+        assert word in text
+
+
+def test_targets_output_status_pull_push(cluster_kernel):
+    out = cluster_kernel.run("%%distributed --targets 1\nonly = 'one'\nprint('ran on', rank)")
+    assert out.stdout.strip() == "ran on 1"  # the lowest selected rank streams
+    out = cluster_kernel.run("%dist pull only --rank 1")
+    assert cluster_kernel.value("only") == "one"
+    out = cluster_kernel.run("%%distributed --targets 7\nx = 1", allow_error=True)
+    assert "No rank 7" in out.traceback and "0..1" in out.traceback
+
+    out = cluster_kernel.run("%%distributed --output none\nprint('quiet')")
+    assert "quiet" not in out.stdout
+
+    status = cluster_kernel.run("%dist status").stdout
+    assert "2 CPU rank(s), backend ddp" in status
+    assert status.count("idle") == 2 and "cpu" in status
+
+    cluster_kernel.run("payload = {'lr': 0.1}\n%dist push payload")
+    out = cluster_kernel.run("%%distributed --output all\nprint(payload['lr'] * (rank + 1))")
+    assert "[rank 0] 0.1" in out.stdout and "[rank 1] 0.2" in out.stdout
+
+
+def test_pull_errors_name_the_fix(cluster_kernel):
+    out = cluster_kernel.run("%dist pull does_not_exist", allow_error=True)
+    assert "'does_not_exist' is not defined" in out.traceback and "%%distributed cell first" in out.traceback
+    cluster_kernel.run("%%distributed\nimport threading\nlock = threading.Lock()")
+    out = cluster_kernel.run("%dist pull lock", allow_error=True)
+    assert "could not be sent back" in out.traceback
+    out = cluster_kernel.run("%dist push", allow_error=True)
+    assert "needs a variable name" in out.traceback
+
+
+def test_conflicting_options_need_restart(cluster_kernel):
+    out = cluster_kernel.run("%%distributed -n 3\nx = 1", allow_error=True)
+    assert "-n 3 (running: -n 2)" in out.traceback and "--restart" in out.traceback
+    # same options as running: reused, no restart
+    out = cluster_kernel.run("%%distributed -n 2 --backend ddp\nprint('reused')")
+    assert "Starting" not in out.stdout and "reused" in out.stdout
+
+
+def test_restart_loses_state_and_keeps_options(cluster_kernel):
+    cluster_kernel.run("%%distributed\nbefore_restart = 1")
+    out = cluster_kernel.run("%dist restart")
+    assert "Ready: 2 rank(s), backend ddp" in out.stdout
+    out = cluster_kernel.run("%%distributed\nprint('before_restart' in globals(), world_size)")
+    assert out.stdout.strip() == "False 2"

@@ -1,0 +1,142 @@
+"""Cell execution end to end: a real kernel, a real 2-rank MPI cluster, real DDP on gloo."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+TRAIN = """
+torch.manual_seed(rank)                      # different data per rank
+model = jdist.prepare(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+jdist.progress(total_steps={steps}, batch_size=16)
+for step in range({steps}):
+    x = torch.randn(16, 8); y = x.sum(1, keepdim=True)
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    jdist.log(step=step, loss=loss.item())
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(cluster_kernel):
+    out = cluster_kernel.run("%%distributed\n" + TRAIN.format(steps=60))
+    return cluster_kernel, out
+
+
+def test_state_persists_across_cells(cluster_kernel):
+    cluster_kernel.run("%%distributed\nsecret = rank * 10 + 7")
+    out = cluster_kernel.run("%%distributed --output all\nprint('secret', secret)")
+    assert "[rank 0] secret 7" in out.stdout and "[rank 1] secret 17" in out.stdout
+
+
+def test_ddp_training_leaves_identical_parameters(trained):
+    kernel, _ = trained
+    kernel.run("%%distributed\nflat = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()")
+    kernel.run("%dist pull flat")
+    flat = kernel.value("flat")
+    assert len(flat) == 2 and flat[0] == flat[1]
+    # rank 1 started from different weights (seed per rank): DDP broadcast and synced them
+    assert len(flat[0]) == 9
+
+
+def test_every_record_of_every_rank_arrives(trained):
+    kernel, _ = trained
+    counts = kernel.value("[jdist.last_run().count(r) for r in (0, 1)]")
+    assert counts == [60, 60]
+    steps = kernel.value("sorted(set(jdist.last_run().history.query('rank == 1').step))")
+    assert steps == list(range(60))
+
+
+def test_history_columns_and_comm_time_positive(trained):
+    kernel, _ = trained
+    cols = kernel.value("jdist.last_run().history.columns.tolist()")
+    for c in ["rank", "step", "loss", "step_time_s", "comm_time_s", "compute_time_s", "mem_bytes", "mem_peak_bytes", "samples_per_s"]:
+        assert c in cols
+    comm = kernel.value("jdist.last_run().history.comm_time_s.tolist()")
+    assert all(c > 0 for c in comm), "every DDP step all-reduces gradients"
+    ok = kernel.value("bool((jdist.last_run().history.eval('compute_time_s + comm_time_s - step_time_s').abs() < 1e-9).all())")
+    assert ok
+    mem = kernel.value("int(jdist.last_run().history.mem_bytes.min())")
+    assert mem > 50 * 2**20  # a torch process's RSS
+    sps = kernel.value("float(jdist.last_run().history.samples_per_s.min())")
+    assert sps > 0
+
+
+def test_loss_goes_down(trained):
+    kernel, _ = trained
+    first, last = kernel.value("(lambda h: (float(h[h.step < 5].loss.mean()), float(h[h.step >= 55].loss.mean())))(jdist.last_run().history)")
+    assert last < first
+
+
+def test_dashboard_shown_and_replaced_by_static_summary(trained):
+    _, out = trained
+    finals = [d for d in out.displays if "image/png" in d.get("data", {})]
+    assert finals, [d.get("data", {}).keys() for d in out.displays]
+    text = finals[-1]["data"]["text/plain"]
+    assert "finished" in text and "loss" in text
+    widgets = [d for d in out.displays if "application/vnd.jupyter.widget-view+json" in d.get("data", {})]
+    assert widgets, "the live dashboard widget was displayed while the cell ran"
+
+
+def test_run_log_written_to_disk(trained, kernel_env):
+    kernel, _ = trained
+    path = Path(kernel.value("str(jdist.last_run().path)"))
+    assert path.parent == Path(kernel_env["JDIST_RUN_DIR"])
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["status"] == "finished" and meta["world_size"] == 2 and meta["records"] == 120
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 120 and json.loads(lines[0])["loss"] > 0
+
+
+def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
+    # Drop every live batch on the ranks: only the end-of-cell count reaches the kernel,
+    # and the kernel must fetch all records itself.
+    cluster_kernel.run(
+        "%%distributed\n"
+        "_orig_flush = jdist.rank._flush\n"
+        "jdist.rank._flush = lambda: jdist.rank._state.pending.clear()\n"
+        "for step in range(25):\n"
+        "    jdist.log(step=step, x=float(step))\n"
+        "    if step % 5 == 0: __import__('time').sleep(0.12)\n"
+        "jdist.rank._state.pending.clear()\n"
+        "jdist.rank._flush = _orig_flush"
+    )
+    assert cluster_kernel.value("[jdist.last_run().count(r) for r in (0, 1)]") == [25, 25]
+
+
+def test_error_on_one_rank_names_the_rank_once(cluster_kernel):
+    out = cluster_kernel.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\nok = True", allow_error=True)
+    assert out.error["ename"] == "RankError"
+    tb = out.traceback
+    assert "1 of 2 rank(s) failed (rank 1)" in tb
+    assert "Traceback from rank 1" in tb and tb.count("ValueError: bad shard") <= 2
+    assert "raise ValueError('bad shard')" in tb
+    # the cluster is still usable, and rank 0 completed the cell
+    out = cluster_kernel.run("%%distributed --targets 0\nprint(ok)")
+    assert out.stdout.strip() == "True"
+
+
+def test_syntax_error_reported_once_and_not_sent(cluster_kernel):
+    out = cluster_kernel.run("%%distributed\nfor x in :\n    pass", allow_error=True)
+    assert out.error is not None
+    assert "not sent to the ranks" in out.traceback and out.traceback.count("SyntaxError") == 1
+
+
+def test_interrupt_reaches_every_rank_and_keeps_state(cluster_kernel):
+    cluster_kernel.run("%%distributed\nkept = rank + 100\ncounter = 0")
+    msg_id = cluster_kernel.start("%%distributed\nimport time\nwhile True:\n    counter += 1\n    time.sleep(0.01)")
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    cluster_kernel.km.interrupt_kernel()
+    out = cluster_kernel.collect(msg_id, timeout=20)
+    assert time.monotonic() - t0 < 5
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert "variables on the ranks are kept" in out.stderr
+    cluster_kernel.run("%dist pull kept")
+    assert cluster_kernel.value("kept") == [100, 101]
+    cluster_kernel.run("%dist pull counter")
+    assert all(c > 10 for c in cluster_kernel.value("counter"))
