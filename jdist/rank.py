@@ -307,6 +307,11 @@ def _post_cell(result: Any = None) -> None:
               "batch_size": st.batch_size})
 
 
+def cell_count() -> tuple[int, int]:
+    """(current cell id, records logged in it) on this rank."""
+    return _state.cell, _state.seq
+
+
 def records(cell: int, seqs: list[int]) -> list[dict[str, Any]]:
     """Records of the current cell with the given sequence numbers (the kernel's loss repair)."""
     if cell != _state.cell:

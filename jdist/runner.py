@@ -185,10 +185,18 @@ class _Collector:
         if self.board is not None:
             self.board.update()
 
-    def repair(self) -> int:
-        """Fetch records the stream missed, using each rank's final count. Returns how many."""
+    def repair(self, ranks: Sequence[int]) -> int:
+        """Fetch records the stream missed, using each rank's final count. Returns how many.
+
+        A rank whose end-of-cell message was not seen (it can come before the IOPub
+        callbacks are attached, for a very short cell) is asked for its count directly.
+        """
         from . import rank as rank_runtime
 
+        unknown = [r for r in ranks if r not in self.done]
+        if unknown:
+            for rank, (cell, count) in zip(unknown, self.cluster.apply(rank_runtime.cell_count, ranks=unknown, timeout=10)):
+                self.cells[rank], self.done[rank] = cell, count
         fetched = 0
         for rank, count in self.done.items():
             missing = missing_seqs(self.seqs.get(rank, ()), count)
@@ -264,7 +272,11 @@ def run_cell(
     else:
         stuck = [r for r, c in zip(selected, ar._children) if not c.done()]
     drain()
-    collector.repair()
+    if ar.ready():
+        try:
+            collector.repair(selected)
+        except Exception as exc:  # a dead rank cannot answer; say so rather than hide it
+            print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
     collector.printer.close()
 
     failed: dict[int, Any] = {}

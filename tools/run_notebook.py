@@ -101,7 +101,11 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     evalue = getattr(exc, "evalue", str(exc))
     tb = getattr(exc, "traceback", None)
     text = tb if isinstance(tb, str) else str(exc)
-    return f"{ename}: {evalue}".strip(), ANSI.sub("", text).rstrip()
+    # nbclient's text is "...following cell:\n----\n<source>\n----\n\n<traceback>": keep the traceback
+    sep = "-" * 18 + "\n"
+    if text.count(sep) >= 2:
+        text = text.rsplit(sep, 1)[1]
+    return f"{ename}: {evalue}".strip(), ANSI.sub("", text).strip("\n").rstrip()
 
 
 def main(argv: list[str] | None = None) -> int:
