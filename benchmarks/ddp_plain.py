@@ -85,7 +85,9 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump({"times": [g["times"] for g in gathered], "loss": [g["loss"] for g in gathered],
                        "threads": [g["threads"] for g in gathered]}, fh)
-    # Tear down together: a rank leaving while rank 0 (which hosts the store) is gone can abort in gloo.
+    # Tear down together, DDP first: a rank still tearing down gloo while its peer is gone
+    # has been seen to abort ("terminate called without an active exception").
+    del model
     dist.barrier()
     dist.destroy_process_group()
 

@@ -130,7 +130,8 @@ class DistributedCluster:
             n=n,
             cluster_id=f"jdist-{os.getpid()}-{uuid.uuid4().hex[:8]}",
             controller_ip="127.0.0.1",
-            log_level=logging.WARNING,
+            # ipyparallel logs to the kernel's stdout; at WARNING it dumps engine logs on every stop
+            log_level=logging.ERROR,
         )
         cluster.config.MPILauncher.mpi_cmd = [mpiexec_path()]
         self.cluster = cluster

@@ -4,7 +4,7 @@ While a ``%%distributed`` cell runs, :class:`Dashboard` shows an ipywidgets view
 the cell: a header line, a progress bar and a plotly ``FigureWidget`` with four panels
 (loss across ranks, per-rank compute/communication time, per-rank memory, throughput).
 :meth:`Dashboard.finish` replaces that view in place with :func:`static_bundle`: plain
-text, a PNG drawn with matplotlib and HTML, so a saved notebook shows the results
+a PNG drawn with matplotlib (and the summary as text), so a saved notebook shows the results
 without a kernel (GitHub, nbviewer).
 
 Example:
@@ -234,22 +234,15 @@ def render_png(run: Run, dpi: int = 100) -> bytes:
 
 
 def static_bundle(run: Run) -> dict[str, Any]:
-    """The kernel-free view of ``run``: ``text/plain``, ``image/png`` (bytes) and ``text/html``.
+    """The kernel-free figure of ``run``: ``image/png`` (bytes) with ``text/plain`` (the summary) as fallback.
 
-    Frontends show the richest type, HTML, so it holds the summary and the PNG too.
+    Frontends show the PNG; :meth:`Dashboard.finish` prints the summary text below it, so
+    the saved notebook holds the image once and the text once.
 
     >>> sorted(static_bundle(Run("x", 1, records=[])))
-    ['image/png', 'text/html', 'text/plain']
+    ['image/png', 'text/plain']
     """
-    summary = run.summary()
-    png = render_png(run)
-    b64 = base64.b64encode(png).decode("ascii")
-    page = (
-        f"<pre>{html.escape(summary)}</pre>"
-        f'<img src="data:image/png;base64,{b64}" alt="jdist run {html.escape(run.run_id)}"'
-        ' style="max-width:100%"/>'
-    )
-    return {"text/plain": summary, "image/png": png, "text/html": page}
+    return {"text/plain": run.summary(), "image/png": render_png(run)}
 
 
 class Dashboard:
@@ -374,7 +367,7 @@ class Dashboard:
         return True
 
     def finish(self) -> None:
-        """Final redraw, then replace the live view in place with :func:`static_bundle`; close the widgets."""
+        """Final redraw, replace the live view in place with :func:`static_bundle`, print the summary; close the widgets."""
         _check_thread()
         if self._finished:
             return
@@ -388,8 +381,7 @@ class Dashboard:
                 display(bundle, raw=True)
             else:
                 self._handle.update(bundle, raw=True)
-        else:
-            print(self.run.summary())
+        print(self.run.summary())
         self._close_widgets()
         self._finished = True
 

@@ -99,3 +99,18 @@ def test_restart_loses_state_and_keeps_options(cluster_kernel):
     assert "Ready: 2 rank(s), backend ddp" in out.stdout
     out = cluster_kernel.run("%%distributed\nprint('before_restart' in globals(), world_size)")
     assert out.stdout.strip() == "False 2"
+
+
+def test_stop_is_quiet_and_ends_the_rank_processes(cluster_kernel):
+    import os
+    import time
+
+    cluster_kernel.run("%%distributed\nimport os; my_pid = os.getpid()")
+    cluster_kernel.run("%dist pull my_pid")
+    pids = cluster_kernel.value("my_pid")
+    out = cluster_kernel.run("%dist stop")
+    assert out.stdout == "Cluster stopped.\n" and out.stderr == ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
