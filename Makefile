@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: venv demo test test-unit test-notebooks bench lab clean
+.PHONY: venv demo test bench lab clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -24,13 +24,10 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
 
-test: test-unit test-notebooks
-
-test-unit: venv
-	$(BIN)/python -m pytest tests $(PYTEST_FLAGS)
-
-test-notebooks: venv
-	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax notebooks $(PYTEST_FLAGS)
+# One pytest run: unit and integration tests, and the notebooks executed by nbval
+# (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
+test: venv
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests notebooks $(PYTEST_FLAGS)
 
 bench: venv
 	$(BIN)/python benchmarks/bench_overhead.py

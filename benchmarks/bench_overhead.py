@@ -15,7 +15,7 @@ Measured side by side in one run, on 2 CPU ranks (gloo):
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_overhead.py [--steps 200] [--warmup 20] [--repeats 3]
+    .venv/bin/python benchmarks/bench_overhead.py [--steps 200] [--warmup 20] [--repeats 5]
                                                   [--empty-runs 30] [--json results.json]
 
 See docs/benchmarks.md for what the figures mean and the figures of one run.
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -68,12 +69,13 @@ def quantile(xs: list[float], q: float) -> float:
 
 
 def step_summary(per_rank: list[list[float]], warmup: int) -> dict[str, Any]:
-    """Per-rank median/p90 of the steps after warm-up; the mean over ranks of each (seconds)."""
+    """Per-rank median/mean/p90 of the steps after warm-up; the mean over ranks of each (seconds)."""
     kept = [t[warmup:] for t in per_rank]
     medians = [statistics.median(t) for t in kept]
     p90s = [quantile(t, 0.9) for t in kept]
     return {
         "median_s": statistics.fmean(medians),
+        "mean_s": statistics.fmean(statistics.fmean(t) for t in kept),
         "p90_s": statistics.fmean(p90s),
         "rank_median_s": medians,
         "rank_p90_s": p90s,
@@ -138,9 +140,9 @@ class Kernel:
         )
         self._ctx: Any = None
 
-    def start(self) -> float:
+    def start(self, stderr: Any = None) -> float:
         t0 = time.perf_counter()
-        self._ctx = self.client.setup_kernel()
+        self._ctx = self.client.setup_kernel(stderr=stderr)
         self._ctx.__enter__()
         self.run("pass")  # kernel is ready once it answered one cell
         return time.perf_counter() - t0
@@ -173,6 +175,20 @@ import json, time, statistics
 MARK = {MARK!r}
 def _emit(**kw):
     print(MARK + json.dumps(kw), flush=True)
+def _cpu():
+    # CPU seconds used so far by this kernel (all threads) and by the ipyparallel controller (+children)
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    ctl = None
+    try:
+        proc = jdist.cluster.current().cluster.controller.process   # a psutil.Process
+        ctl = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            ctl += t.user + t.system
+    except Exception:
+        pass
+    return ru.ru_utime + ru.ru_stime, ctl
 _t0 = time.perf_counter()
 get_ipython().run_line_magic("load_ext", "jdist")
 _emit(load_ext_s=time.perf_counter() - _t0)
@@ -199,9 +215,11 @@ del _model, _x, _y
 TRAIN_CELL = """
 _before = jdist.last_run()
 _code = {code!r}
+_c0 = _cpu()
 _t0 = time.perf_counter()
 get_ipython().run_cell_magic("distributed", {opts!r}, _code)
 _wall = time.perf_counter() - _t0
+_c1 = _cpu()
 get_ipython().run_line_magic("dist", "pull bench_out")
 _run = jdist.last_run()
 _hist = None
@@ -210,7 +228,8 @@ if {logs} and _run is not None and _run is not _before:
     _hist = {{"rows": len(_h), "step_time_s": [_h[_h["rank"] == r].sort_values("step")["step_time_s"].tolist() for r in range({ranks})],
               "comm_time_s": [_h[_h["rank"] == r].sort_values("step")["comm_time_s"].tolist() for r in range({ranks})]}}
 _emit(times=[o["times"] for o in bench_out], loss=[o["loss"] for o in bench_out],
-      threads=[o["threads"] for o in bench_out], wall_s=_wall, history=_hist)
+      threads=[o["threads"] for o in bench_out], wall_s=_wall, history=_hist,
+      kernel_cpu_s=_c1[0] - _c0[0], controller_cpu_s=None if _c0[1] is None else _c1[1] - _c0[1])
 """
 
 EMPTY_CELL = """
@@ -289,20 +308,18 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"machine: {m['cpu_count']} cores ({m['processor']}), torch {m['torch']}, "
           f"CUDA {'yes' if m['cuda_available'] else 'no'}, Python {m['python']}")
     print()
-    print("1. Per-step time, ms (per repeat: median over steps on each rank, mean over ranks; "
-          "min / median / max over repeats)")
-    hdr = f"   {'variant':<42}{'min':>8}{'median':>9}{'max':>8}{'p90':>9}{'x plain':>9}"
-    print(hdr)
+    print("1. Per-step time, ms. Per repeat: the median step on each rank, averaged over the ranks;")
+    print("   min / median / max of that over the repeats, then the median over repeats of the mean and p90 step.")
+    print(f"   {'variant':<42}{'min':>8}{'median':>8}{'max':>8}{'mean':>8}{'p90':>8}{'x plain':>9}{'paired x':>19}")
     steps = res["steps"]
     base = steps["plain"]["median_s"]["median"]
     for v in ["plain", *JDIST_VARIANTS]:
         s = steps[v]
-        ratio = s["median_s"]["median"] / base
-        print(f"   {LABELS[v]:<42}{ms(s['median_s']['min'])}{ms(s['median_s']['median']):>9}"
-              f"{ms(s['median_s']['max'])}{ms(s['p90_s']['median']):>9}{ratio:>8.2f}x")
-    for v in JDIST_VARIANTS:
-        pr = steps[v]["paired_ratio"]
-        print(f"   paired ratio {v}/plain per repeat: min {pr['min']:.2f}  median {pr['median']:.2f}  max {pr['max']:.2f}")
+        pr = s.get("paired_ratio")
+        paired = f"{pr['min']:.2f}/{pr['median']:.2f}/{pr['max']:.2f}" if pr else "-"
+        print(f"   {LABELS[v]:<42}{ms(s['median_s']['min'])}{ms(s['median_s']['median'])}{ms(s['median_s']['max'])}"
+              f"{ms(s['mean_s']['median'])}{ms(s['p90_s']['median'])}{s['median_s']['median'] / base:>8.2f}x{paired:>19}")
+    print("   (x plain: ratio of the medians; paired x: min/median/max of the per-repeat ratio to that repeat's plain run)")
     h = steps["jdist_log"].get("history_median_s")
     if h:
         print(f"   cross-check, jdist.last_run().history.step_time_s (median, mean over ranks), jdist_log: "
@@ -311,6 +328,10 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"   cell wall time in the kernel (whole cell, incl. build + DDP wrap), median: "
           + ", ".join(f"{v} {steps[v]['cell_wall_s']['median']:.2f} s" for v in JDIST_VARIANTS)
           + f"; plain torchrun process wall {steps['plain']['process_wall_s']['median']:.2f} s")
+    print("   CPU used outside the ranks during the cell, median: "
+          + ", ".join(f"{v} kernel {steps[v]['kernel_cpu_s']['median']:.2f} s"
+                      + (f" + controller {steps[v]['controller_cpu_s']['median']:.2f} s" if "controller_cpu_s" in steps[v] else "")
+                      for v in JDIST_VARIANTS))
     losses = {v: steps[v]["final_loss"] for v in steps}
     print(f"   final loss (rank 0), same code path check: "
           + ", ".join(f"{v} {losses[v]:.6f}" for v in losses))
@@ -327,6 +348,10 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"   %load_ext jdist                                        {c['load_ext_s']:6.2f} s")
     print(f"   first %%distributed -n {RANKS} cell (pass), in kernel      {c['cold_start_s']:6.2f} s"
           f"   (nbclient round trip {c['cold_client_wall_s']:.2f} s)")
+    if c.get("registered_s") is not None and c.get("ready_s") is not None:
+        print(f"     of which (jdist's own progress lines): engines registered {c['registered_s']:.1f} s, "
+              f"rank setup (import torch, process group) {c['ready_s'] - c['registered_s']:.1f} s, "
+              f"ready at {c['ready_s']:.1f} s")
     print(f"   %dist stop at the end                                  {c['stop_s']:6.2f} s")
     print()
     e = res["empty"]
@@ -346,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200, help="timed training steps per run (default 200)")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps dropped before timing (default 20)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each training variant (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each training variant (default 5)")
     parser.add_argument("--empty-runs", type=int, default=30, help="empty cells timed per kind (default 30)")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernelspec to run (default python3)")
     parser.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
@@ -365,14 +390,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["JDIST_RUN_DIR"] = str(workdir / "runs")  # keep run logs out of the user's data dir
     kernel = Kernel(workdir, args.kernel)
     raw: dict[str, list[dict[str, Any]]] = {v: [] for v in ["plain", *JDIST_VARIANTS]}
+    kernel_log = open(workdir / "kernel-stderr.log", "w")  # the kernel's own warnings, shown on failure
     try:
         print("starting a Jupyter kernel...", flush=True)
-        cold: dict[str, Any] = {"kernel_start_s": kernel.start()}
+        cold: dict[str, Any] = {"kernel_start_s": kernel.start(stderr=kernel_log)}
         rec, _ = kernel.run_one(SETUP_CELL)
         cold.update(rec)
         print(f"cold start: first %%distributed -n {RANKS} cell...", flush=True)
-        rec, wall = kernel.run_one(COLD_CELL)
-        cold.update(rec, cold_client_wall_s=wall)
+        recs, text, wall = kernel.run(COLD_CELL)
+        if len(recs) != 1:
+            sys.exit(f"the cold-start cell printed no result; its output was:\n{text}")
+        cold.update(recs[0], cold_client_wall_s=wall)
+        # jdist's own progress lines: "2 rank(s) registered after 6.9 s; ..." and "Ready: ... (10.0 s)."
+        reg = re.search(r"registered after ([0-9.]+) s", text)
+        ready = re.search(r"Ready: .*\(([0-9.]+) s\)", text)
+        cold["registered_s"] = float(reg.group(1)) if reg else None
+        cold["ready_s"] = float(ready.group(1)) if ready else None
 
         # Round 0, not in the table: the first training cells of the session pay one-off costs
         # (the kernel imports plotly/ipywidgets/matplotlib for the first dashboard).
@@ -401,8 +434,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rec, _ = kernel.run_one(STOP_CELL)
         cold.update(rec)
         res["cold"] = cold
+    except BaseException:
+        try:  # do not leave engines behind if the kernel were killed rather than shut down
+            kernel.run("get_ipython().run_line_magic('dist', 'stop')")
+        except BaseException:
+            pass
+        log = workdir / "kernel-stderr.log"
+        if log.exists() and log.stat().st_size:
+            print("kernel stderr (last lines):\n" + "\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
+        raise
     finally:
         kernel.stop()
+        kernel_log.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
     steps: dict[str, Any] = {}
@@ -411,6 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "median_s": spread([s["median_s"] for s in sums]),
             "p90_s": spread([s["p90_s"] for s in sums]),
+            "mean_s": spread([s["mean_s"] for s in sums]),
             "per_repeat": sums,
             "final_loss": runs[-1]["loss"][0],
             "threads": runs[-1]["threads"],
@@ -421,6 +465,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry["retries"] = sum(r["attempts"] - 1 for r in runs)
         else:
             entry["cell_wall_s"] = spread([r["wall_s"] for r in runs])
+            entry["kernel_cpu_s"] = spread([r["kernel_cpu_s"] for r in runs])
+            if all(r["controller_cpu_s"] is not None for r in runs):
+                entry["controller_cpu_s"] = spread([r["controller_cpu_s"] for r in runs])
             entry["paired_ratio"] = spread([s["median_s"] / p["median_s"] for s, p in
                                             zip(sums, (step_summary(r["times"], args.warmup) for r in raw["plain"]))])
             hists = [r["history"] for r in runs if r.get("history")]

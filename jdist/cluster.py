@@ -227,14 +227,24 @@ class DistributedCluster:
         return self.client
 
     def engine_ids(self, ranks: Sequence[int] | None = None) -> list[int]:
-        """Engine ids for ``ranks`` (all ranks if None); ValueError naming the valid ranks."""
-        self._require()
+        """Engine ids for ``ranks`` (all ranks if None).
+
+        ValueError naming the valid ranks for unknown ones; ClusterError if their processes died.
+        """
+        client = self._require()
         if ranks is None:
-            return [self._engine_of_rank[r] for r in sorted(self._engine_of_rank)]
+            ranks = sorted(self._engine_of_rank)
         bad = [r for r in ranks if r not in self._engine_of_rank]
         if bad:
             raise ValueError(
                 f"No rank {', '.join(map(str, bad))} in this cluster; ranks are 0..{self.config.n - 1}."
+            )
+        alive = set(client.ids)
+        gone = [r for r in ranks if self._engine_of_rank[r] not in alive]
+        if gone:
+            raise ClusterError(
+                f"Rank(s) {', '.join(map(str, gone))} are gone: their processes died. "
+                "Run %dist restart to start fresh ranks (their variables are lost)."
             )
         return [self._engine_of_rank[r] for r in ranks]
 
@@ -266,15 +276,24 @@ class DistributedCluster:
         view.push({name: value}, block=True)
 
     def status(self) -> dict[str, Any]:
-        """Config, uptime and per-rank info with ``state`` busy/idle (queue from the controller)."""
+        """Config, uptime and per-rank info with ``state`` busy/idle/dead (from the controller)."""
         client = self._require()
-        queue = client.queue_status()
+
+        def busy_engines() -> set[int]:
+            queue = client.queue_status()
+            return {e for e, q in queue.items() if isinstance(q, dict) and (q.get("queue") or q.get("tasks"))}
+
+        busy = busy_engines()
+        if busy and not client.outstanding:
+            # The controller books a reply slightly after the client got it: ask again once.
+            time.sleep(0.1)
+            busy = busy_engines()
+        alive = set(client.ids)
         ranks = []
         for info in self.ranks:
             eid = self._engine_of_rank[info["rank"]]
-            q = queue.get(eid, {})
-            busy = bool(q.get("queue") or q.get("tasks"))
-            ranks.append({**info, "engine_id": eid, "state": "busy" if busy else "idle"})
+            state = "dead" if eid not in alive else "busy" if eid in busy else "idle"
+            ranks.append({**info, "engine_id": eid, "state": state})
         return {
             "config": asdict(self.config),
             "uptime_s": time.time() - (self.started_at or time.time()),

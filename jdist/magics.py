@@ -6,6 +6,7 @@ Thin layer: parses arguments, presents output and errors, and calls
 
 from __future__ import annotations
 
+import threading
 import traceback
 from typing import Any
 
@@ -134,11 +135,12 @@ class DistributedMagics(Magics):
         self._check_syntax(cell)
         ranks = parse_targets(args.targets)
         cluster = self._ensure_cluster(args)
-        if ranks is not None:
-            try:
-                cluster.engine_ids(ranks)
-            except ValueError as exc:
-                raise UsageError(f"--targets: {exc}") from None
+        try:
+            cluster.engine_ids(ranks)
+        except ValueError as exc:
+            raise UsageError(f"--targets: {exc}") from None
+        except cl.ClusterError as exc:
+            raise UsageError(str(exc)) from None
         result = run_cell(
             cluster, cell, ranks=ranks, output=args.output, dashboard=not args.no_dashboard, run_dir=args.run_dir
         )
@@ -171,6 +173,10 @@ class DistributedMagics(Magics):
             running.stop()
             cl.set_current(None)
         cluster = cl.DistributedCluster(cfg)
+        if not args.no_dashboard:
+            from . import dashboard
+
+            threading.Thread(target=dashboard.preload, name="jdist-preload", daemon=True).start()
         try:
             cluster.start(_say)
         except cl.ClusterError as exc:
@@ -220,7 +226,7 @@ class DistributedMagics(Magics):
                     raise UsageError(f"%dist push {args.name}: no variable {args.name!r} in the notebook.")
                 cluster.push(args.name, self.shell.user_ns[args.name], ranks)
                 _say(f"Pushed {args.name} to {'rank ' + str(args.rank) if ranks else 'all ranks'}.")
-        except ValueError as exc:
+        except (ValueError, cl.ClusterError) as exc:
             raise UsageError(str(exc)) from None
         return None
 

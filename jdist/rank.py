@@ -36,6 +36,7 @@ FLUSH_INTERVAL = 0.1
 DATA_KEY = "jdist"
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_statm: int | None = None
 
 
 @dataclass
@@ -266,8 +267,10 @@ def _memory(ctx: RankContext) -> tuple[int, int]:
         import torch
 
         return torch.cuda.memory_allocated(ctx.device), torch.cuda.max_memory_allocated(ctx.device)
-    with open("/proc/self/statm") as fh:
-        rss = int(fh.read().split()[1]) * _PAGE
+    global _statm
+    if _statm is None:
+        _statm = os.open("/proc/self/statm", os.O_RDONLY)  # kept open: log() runs every step
+    rss = int(os.pread(_statm, 128, 0).split()[1]) * _PAGE
     return rss, max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

@@ -19,13 +19,18 @@ import queue
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .cluster import DistributedCluster
 from .metrics import Run, RunLog, missing_seqs, new_run_id
 
 #: How long to wait for ranks after an interrupt before telling the user they are stuck.
 INTERRUPT_GRACE_S = 10.0
+
+DEAD_HINT = (
+    "The rank processes died (MPI ends the whole job when one rank exits or is killed). "
+    "Run %dist restart to start fresh ranks; their variables are lost."
+)
 
 _runs: list[Run] = []
 
@@ -61,6 +66,8 @@ class RankError(Exception):
         if others:
             lines.append("")
             lines += [f"rank {r}: {e.ename}: {e.evalue}" for r, e in sorted(others.items())]
+        if any(e.ename == "EngineError" for e in self.failed.values()):
+            lines += ["", DEAD_HINT]
         return lines
 
 
@@ -161,7 +168,9 @@ class _Collector:
         elif msg_type == "data":
             self._data(rank, content)
 
-    def _data(self, rank: int, payload: dict[str, Any]) -> None:
+    def _data(self, rank: int, payload: Any) -> None:
+        if not isinstance(payload, dict) or "cell" not in payload:
+            return  # not a jdist.rank message (someone else published under our key)
         self.cells[rank] = payload["cell"]
         if payload.get("total_steps") is not None or payload.get("records"):
             run = self._ensure_run()
@@ -226,7 +235,6 @@ def run_cell(
     dashboard: bool = True,
     run_dir: str | None = None,
     poll_s: float = 0.05,
-    on_tick: Callable[[], None] | None = None,
 ) -> CellResult:
     """Run ``code`` on ``ranks`` (default all), streaming output and metrics until it ends.
 
@@ -257,8 +265,6 @@ def run_cell(
             ar.wait(poll_s)
             drain()
             collector.tick()
-            if on_tick:
-                on_tick()
         except KeyboardInterrupt:
             if not interrupted:
                 interrupted = True
@@ -272,21 +278,16 @@ def run_cell(
     else:
         stuck = [r for r, c in zip(selected, ar._children) if not c.done()]
     drain()
-    if ar.ready():
+    failed, completed = _failures(ar, selected) if ar.ready() else ({}, {})
+    dead = [r for r, e in failed.items() if e.ename == "EngineError"]
+    if ar.ready() and not dead:
         try:
             collector.repair(selected)
-        except Exception as exc:  # a dead rank cannot answer; say so rather than hide it
+        except Exception as exc:  # say so rather than hide it
             print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
     collector.printer.close()
 
-    failed: dict[int, Any] = {}
-    completed: dict[int, Any] = {}
-    if ar.ready():
-        for rank, md in zip(selected, ar.metadata):
-            completed[rank] = md.get("completed")
-            if md.get("error") is not None:
-                failed[rank] = md["error"]
-    interrupted = interrupted or any(getattr(e, "ename", "") == "KeyboardInterrupt" for e in failed.values())
+    interrupted = interrupted or any(e.ename == "KeyboardInterrupt" for e in failed.values())
     status = "interrupted" if interrupted else ("failed" if failed else "finished")
     first = _first_failure(failed, completed) if failed else None
     error = f"rank {first}: {failed[first].ename}: {failed[first].evalue}" if first is not None else None
@@ -318,6 +319,27 @@ def _attach(ar: Any, cluster: DistributedCluster, inbox: "queue.SimpleQueue[tupl
         for name in ("stdout", "stderr"):
             if md[name]:
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+
+
+def _failures(ar: Any, selected: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Per rank: the RemoteError of a failed rank (engine death included), and completion times."""
+    from ipyparallel.error import RemoteError
+
+    failed: dict[int, Any] = {}
+    completed: dict[int, Any] = {}
+    for rank, child, md in zip(selected, ar._children, ar.metadata):
+        completed[rank] = md.get("completed")
+        err = md.get("error")
+        if err is None and child.exception() is not None:
+            exc = child.exception()
+            err = exc if isinstance(exc, RemoteError) else RemoteError(type(exc).__name__, str(exc), "")
+        if err is None and isinstance(child.result(), RemoteError):
+            err = child.result()  # a dead engine's "result" (EngineError)
+        if err is None and md.get("status") == "error":
+            err = RemoteError("UnknownError", "the rank reported an error without details", "")
+        if err is not None:
+            failed[rank] = err
+    return failed, completed
 
 
 def _first_failure(failed: dict[int, Any], completed: dict[int, Any]) -> int:

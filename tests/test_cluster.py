@@ -66,6 +66,13 @@ def test_status_lists_ranks_idle(cluster):
     assert st["config"]["n"] == 2 and st["cluster_id"].startswith("jdist-")
 
 
+def test_status_shows_a_running_rank_busy(cluster):
+    ar = cluster.execute("import time; time.sleep(2)", ranks=[1])
+    time.sleep(0.3)
+    assert [r["state"] for r in cluster.status()["ranks"]] == ["idle", "busy"]
+    ar.get(timeout=10)
+
+
 def test_unknown_rank_names_valid_ranks(cluster):
     with pytest.raises(ValueError, match=r"No rank 5.*0\.\.1"):
         cluster.engine_ids([5])

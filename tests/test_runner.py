@@ -140,3 +140,18 @@ def test_interrupt_reaches_every_rank_and_keeps_state(cluster_kernel):
     assert cluster_kernel.value("kept") == [100, 101]
     cluster_kernel.run("%dist pull counter")
     assert all(c > 10 for c in cluster_kernel.value("counter"))
+
+
+def test_rank_death_is_reported_and_restart_recovers(cluster_kernel):
+    # A rank that exits takes the MPI job down: every rank is reported, with what to do.
+    out = cluster_kernel.run("%%distributed\nimport os, time\nif rank == 1:\n    os._exit(3)\ntime.sleep(60)",
+                             allow_error=True, timeout=60)
+    assert out.elapsed < 30
+    assert out.error["ename"] == "RankError" and "EngineError" in out.traceback
+    assert "%dist restart" in out.traceback
+    status = cluster_kernel.run("%dist status").stdout
+    assert status.count("dead") == 2
+    out = cluster_kernel.run("%%distributed\nx = 1", allow_error=True)
+    assert "are gone" in out.traceback and "%dist restart" in out.traceback
+    cluster_kernel.run("%dist restart")
+    assert cluster_kernel.run("%%distributed\nprint(world_size)").stdout.strip() == "2"
