@@ -245,6 +245,43 @@ def static_bundle(run: Run) -> dict[str, Any]:
     return {"text/plain": run.summary(), "image/png": render_png(run)}
 
 
+def _base_figure() -> Any:
+    """The dashboard's plotly figure with empty traces (a plain Figure: no widget, no comm)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=["loss", f"time per step, last {RECENT_STEPS} steps", "memory per rank", "throughput"],
+        horizontal_spacing=0.1,
+        vertical_spacing=0.2,
+    )
+    band = dict(mode="lines", line=dict(width=0, color="rgba(31,119,180,0.3)"))
+    fig.add_trace(go.Scatter(name="min", showlegend=False, **band), row=1, col=1)
+    fig.add_trace(
+        go.Scatter(name="min–max", fill="tonexty", fillcolor="rgba(31,119,180,0.25)", **band), row=1, col=1
+    )
+    fig.add_trace(go.Scatter(name="mean", mode="lines", line=dict(color="rgb(31,119,180)")), row=1, col=1)
+    # barmode "group" for the memory bars; communication is stacked on compute through `base`.
+    fig.add_trace(go.Bar(name="compute", offsetgroup="time"), row=1, col=2)
+    fig.add_trace(go.Bar(name="communication", offsetgroup="time"), row=1, col=2)
+    fig.add_trace(go.Bar(name="memory now", offsetgroup="now"), row=2, col=1)
+    fig.add_trace(go.Bar(name="memory peak", offsetgroup="peak"), row=2, col=1)
+    fig.add_trace(go.Scatter(name="throughput", mode="lines", showlegend=False), row=2, col=2)
+    fig.update_layout(
+        height=520,
+        margin=dict(l=55, r=15, t=35, b=40),
+        barmode="group",
+        legend=dict(orientation="h", traceorder="normal", yanchor="top", y=-0.12, x=0),
+        font=dict(size=11),
+    )
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=2)
+    fig.update_yaxes(title_text="seconds", row=1, col=2)
+    return fig
+
+
 class Dashboard:
     """Live view of a :class:`Run` under the running cell, replaced by a static summary at the end.
 
@@ -268,7 +305,6 @@ class Dashboard:
     def __init__(self, run: Run, min_interval: float = 0.1) -> None:
         import ipywidgets as widgets
         import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
 
         self.run = run
         self.min_interval = min_interval
@@ -282,36 +318,7 @@ class Dashboard:
         self._progress = widgets.Label()
         self._progress_row = widgets.HBox([self._bar, self._progress])
 
-        fig = make_subplots(
-            rows=2,
-            cols=2,
-            subplot_titles=["loss", f"time per step, last {RECENT_STEPS} steps", "memory per rank", "throughput"],
-            horizontal_spacing=0.1,
-            vertical_spacing=0.2,
-        )
-        band = dict(mode="lines", line=dict(width=0, color="rgba(31,119,180,0.3)"))
-        fig.add_trace(go.Scatter(name="min", showlegend=False, **band), row=1, col=1)
-        fig.add_trace(
-            go.Scatter(name="min–max", fill="tonexty", fillcolor="rgba(31,119,180,0.25)", **band), row=1, col=1
-        )
-        fig.add_trace(go.Scatter(name="mean", mode="lines", line=dict(color="rgb(31,119,180)")), row=1, col=1)
-        # barmode "group" for the memory bars; communication is stacked on compute through `base`.
-        fig.add_trace(go.Bar(name="compute", offsetgroup="time"), row=1, col=2)
-        fig.add_trace(go.Bar(name="communication", offsetgroup="time"), row=1, col=2)
-        fig.add_trace(go.Bar(name="memory now", offsetgroup="now"), row=2, col=1)
-        fig.add_trace(go.Bar(name="memory peak", offsetgroup="peak"), row=2, col=1)
-        fig.add_trace(go.Scatter(name="throughput", mode="lines", showlegend=False), row=2, col=2)
-        fig.update_layout(
-            height=520,
-            margin=dict(l=55, r=15, t=35, b=40),
-            barmode="group",
-            legend=dict(orientation="h", traceorder="normal", yanchor="top", y=-0.12, x=0),
-            font=dict(size=11),
-        )
-        fig.update_xaxes(title_text="step", row=1, col=1)
-        fig.update_xaxes(title_text="step", row=2, col=2)
-        fig.update_yaxes(title_text="seconds", row=1, col=2)
-        self._fig = go.FigureWidget(fig)
+        self._fig = go.FigureWidget(_base_figure())
         self._box = widgets.VBox([self._header, self._progress_row, self._fig])
 
     @property
@@ -446,10 +453,12 @@ def preload() -> None:
     training cell does not pay ~1-2 s of imports while the ranks compete for the CPU.
     """
     import ipywidgets  # noqa: F401
-    import plotly.graph_objects  # noqa: F401
-    import plotly.subplots  # noqa: F401
-    from matplotlib.backends import backend_agg  # noqa: F401
+    import plotly.graph_objects as go
     from matplotlib import figure  # noqa: F401
+    from matplotlib.backends import backend_agg  # noqa: F401
+
+    go.FigureWidget  # noqa: B018  (plotly imports the widget class, and anywidget, lazily)
+    _base_figure()  # loads plotly's validators for every trace and layout property used
 
 
 def _in_kernel() -> bool:
