@@ -24,10 +24,10 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
 
-# One pytest run: unit and integration tests, and the notebooks executed by nbval
+# One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
 test: venv
-	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests notebooks $(PYTEST_FLAGS)
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
 
 bench: venv
 	$(BIN)/python benchmarks/bench_overhead.py

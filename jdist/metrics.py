@@ -10,8 +10,8 @@ a cell), ``step``, ``time`` (unix seconds), the automatic metrics of
 
 Example:
     >>> run = Run("demo", world_size=2)
-    >>> run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 1.0},
-    ...          {"rank": 1, "seq": 0, "step": 0, "loss": 3.0}])
+    >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 1.0},
+    ...              {"rank": 1, "seq": 0, "step": 0, "loss": 3.0}])
     >>> run.aggregate("loss")
     ([0], [2.0], [1.0], [3.0])
 """

@@ -10,7 +10,8 @@ Widgets and displays are only touched from the main thread (ipykernel 7 rule).
 
 Example:
     >>> result = run_cell(cluster, "print(rank)")   # doctest: +SKIP
-    >>> result.run                                  # None: the cell logged nothing
+    >>> result.run is None        # the cell logged nothing   # doctest: +SKIP
+    True
 """
 
 from __future__ import annotations
