@@ -132,6 +132,8 @@ class DistributedCluster:
             controller_ip="127.0.0.1",
             # ipyparallel logs to the kernel's stdout; at WARNING it dumps engine logs on every stop
             log_level=logging.ERROR,
+            # the controller warns once per jdist data message ("unhandled iopub msg_type")
+            controller_args=["--log-level=ERROR"],
         )
         cluster.config.MPILauncher.mpi_cmd = [mpiexec_path()]
         self.cluster = cluster
@@ -214,6 +216,9 @@ class DistributedCluster:
             client.close()
         if cluster is not None:
             cluster.stop_cluster_sync()
+            # the controller keeps an engine-id file per cluster id; ours are never reused
+            state = Path(cluster.profile_dir) / "log" / f"engines{cluster.cluster_id}.json"
+            state.unlink(missing_ok=True)
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         """Stop and start again with the same configuration (all rank state is lost)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from ipyparallel import interactive
@@ -95,7 +96,10 @@ def test_stop_ends_every_rank_process():
     c.start()
     pids = [r["pid"] for r in c.ranks]
     assert all(_alive(p) for p in pids)
+    profile_dir, cluster_id = c.cluster.profile_dir, c.cluster.cluster_id
     c.stop()
+    leftovers = [p for p in Path(profile_dir).rglob("*") if cluster_id in p.name]
+    assert leftovers == [], "stop leaves no files of the cluster behind"
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
