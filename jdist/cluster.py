@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -192,7 +193,13 @@ class DistributedCluster:
         from . import rank as rank_runtime
 
         view = self.client[:]
-        cfg = asdict(self.config)
+        controller = self.cluster.controller.process
+        cfg = {
+            **asdict(self.config),
+            # the ranks end themselves (and the controller) if this process dies without stopping them
+            "owner": {"host": socket.gethostname(), "pid": os.getpid(),
+                      "controller": [controller.pid, controller.create_time()]},
+        }
         ar = view.apply_async(rank_runtime.setup, cfg)
         try:
             infos = ar.get(timeout=self.config.timeout + 30)

@@ -118,7 +118,41 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
             rank=rank, world_size=world_size, local_rank=local_rank, device=device, jdist=jdist
         )
         _register_hooks(shell)
+    if config.get("owner"):
+        _watch_owner(config["owner"], rank == 0)
     return info()
+
+
+def _watch_owner(owner: dict[str, Any], stop_controller: bool, interval: float = 1.0) -> None:
+    """End this rank if the kernel that started the cluster is gone (killed, crashed).
+
+    A kernel that exits normally stops its cluster; one that is SIGKILLed cannot. Then
+    rank 0 also ends the controller, identified by PID and start time (never by name),
+    and every rank exits, which ends the MPI job: nothing is left behind.
+    """
+    import threading
+
+    import psutil
+
+    if owner["host"] != socket.gethostname():
+        return  # the kernel runs on another machine: its PID means nothing here
+
+    def alive(pid: int, created: float | None = None) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            return proc.status() != psutil.STATUS_ZOMBIE and (created is None or abs(proc.create_time() - created) < 0.01)
+        except psutil.NoSuchProcess:
+            return False
+
+    def watch() -> None:
+        while alive(owner["pid"]):
+            time.sleep(interval)
+        pid, created = owner["controller"]
+        if stop_controller and alive(pid, created):
+            psutil.Process(pid).terminate()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="jdist-owner-watch", daemon=True).start()
 
 
 def _register_hooks(shell: Any) -> None:

@@ -29,8 +29,11 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # a zombie still answers kill(0); look at its state
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split()[2] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_start_reports_progress_and_ranks(cluster):
@@ -146,3 +149,36 @@ def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
         c.start()
     assert time.monotonic() - t0 < 20
     assert not c.running
+
+
+def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
+    # A kernel killed with SIGKILL cannot stop its cluster: the ranks must notice and clean up.
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from jdist.cluster import ClusterConfig, DistributedCluster\n"
+        "c = DistributedCluster(ClusterConfig(n=2, timeout=30)); c.start()\n"
+        "mpiexec = [l.process.pid for l in c.cluster.engines.values()]\n"
+        "print(json.dumps([r['pid'] for r in c.ranks] + [c.cluster.controller.process.pid] + mpiexec), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path)}
+    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        import json
+
+        pids = json.loads(owner.stdout.readline())
+        assert all(_alive(p) for p in pids)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "ranks, mpiexec or controller outlived their owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
