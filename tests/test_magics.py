@@ -53,6 +53,9 @@ def test_help_is_real(kernel):
     text = strip_ansi(out.pager)
     for word in ["--gpus", "--targets", "--backend", "--output", "rank", "Example"]:
         assert word in text
+    text = strip_ansi(kernel.run("%dist?").pager)
+    for word in ["status", "pull NAME", "push NAME", "restart", "--rank"]:
+        assert word in text
 
 
 def test_targets_output_status_pull_push(cluster_kernel):
