@@ -261,11 +261,14 @@ def run_cell(
 
     interrupted = False
     deadline: float | None = None
+    warned = False
     while not ar.ready():
         try:
             ar.wait(poll_s)
             drain()
             collector.tick()
+            if not warned:
+                warned = _warn_partial_failure(ar, selected, cluster.config.timeout)
         except KeyboardInterrupt:
             if not interrupted:
                 interrupted = True
@@ -320,6 +323,22 @@ def _attach(ar: Any, cluster: DistributedCluster, inbox: "queue.SimpleQueue[tupl
         for name in ("stdout", "stderr"):
             if md[name]:
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+
+
+def _warn_partial_failure(ar: Any, selected: Sequence[int], timeout: float) -> bool:
+    """Say so at once when some ranks failed while others still run (they may wait in a collective)."""
+    failed = [r for r, c, md in zip(selected, ar._children, ar.metadata) if c.done() and md.get("status") == "error"]
+    running = [r for r, c in zip(selected, ar._children) if not c.done()]
+    if not failed or not running:
+        return False
+    print(
+        f"jdist: rank(s) {', '.join(map(str, failed))} failed; rank(s) {', '.join(map(str, running))} still running. "
+        f"If they wait in a collective, they fail after the {timeout:g} s process-group timeout "
+        "(--timeout); interrupt the kernel to stop them now.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def _failures(ar: Any, selected: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:

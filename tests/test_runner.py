@@ -155,3 +155,23 @@ def test_rank_death_is_reported_and_restart_recovers(cluster_kernel):
     assert "are gone" in out.traceback and "%dist restart" in out.traceback
     cluster_kernel.run("%dist restart")
     assert cluster_kernel.run("%%distributed\nprint(world_size)").stdout.strip() == "2"
+
+
+def test_failure_while_others_wait_is_announced_at_once(cluster_kernel):
+    # rank 1 fails, rank 0 waits in an all-reduce: the user hears about it before the timeout.
+    msg_id = cluster_kernel.start(
+        "%%distributed\nimport torch, torch.distributed as dist\n"
+        "if rank == 1:\n    raise RuntimeError('rank 1 broke')\n"
+        "dist.all_reduce(torch.ones(1))"
+    )
+    t0 = time.monotonic()
+    seen = ""
+    while "still running" not in seen and time.monotonic() - t0 < 10:
+        msg = cluster_kernel.kc.get_iopub_msg(timeout=10)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen += msg["content"]["text"]
+    assert "rank(s) 1 failed; rank(s) 0 still running" in seen and "interrupt" in seen
+    assert time.monotonic() - t0 < 5
+    cluster_kernel.km.interrupt_kernel()
+    out = cluster_kernel.collect(msg_id, timeout=40)
+    assert out.error is not None
