@@ -3,9 +3,13 @@
 While a ``%%distributed`` cell runs, :class:`Dashboard` shows an ipywidgets view under
 the cell: a header line, a progress bar and a plotly ``FigureWidget`` with four panels
 (loss across ranks, per-rank compute/communication time, per-rank memory, throughput).
-:meth:`Dashboard.finish` replaces that view in place with :func:`static_bundle`: plain
-a PNG drawn with matplotlib (and the summary as text), so a saved notebook shows the results
+:meth:`Dashboard.finish` replaces that view in place with :func:`static_bundle`: a PNG
+drawn with matplotlib (and the summary as text), so a saved notebook shows the results
 without a kernel (GitHub, nbviewer).
+
+The kernel keeps one ``FigureWidget`` and every dashboard reuses it (see :func:`live_figure`):
+each new one would send plotly.js (5 MB) to the browser again. Long series are thinned to
+:data:`MAX_POINTS` points in the live figure (:func:`thin`); the PNG shows every step.
 
 Example:
     >>> from jdist.metrics import Run
@@ -19,20 +23,28 @@ Example:
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import math
+import statistics
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from jdist.metrics import Run
 
-#: Steps over which per-rank step times and the ETA are averaged.
+#: Steps over which the per-rank compute and communication times are averaged.
 RECENT_STEPS = 20
+#: The most points a line of the live figure gets; longer series are bucketed (:func:`thin`).
+MAX_POINTS = 1000
 _MIB = 2**20
+#: Colours shared by the live figure and the PNG: compute, memory now, loss and throughput in
+#: blue; communication and peak memory in orange.
+_BLUE, _ORANGE = "#1f77b4", "#ff7f0e"
+_TIME_TITLE = f"time per step (s), last {RECENT_STEPS} steps"
 
 
 @dataclass(frozen=True)
@@ -70,18 +82,22 @@ def loss_metric(run: Run) -> str | None:
 def total_samples_per_s(run: Run) -> tuple[list[Any], list[float]]:
     """Per step, the sum over ranks of ``samples_per_s``: ``(steps, totals)``.
 
-    Only steps that every rank reporting ``samples_per_s`` has reached are included,
-    so a live curve does not dip at a step that some ranks have not logged yet.
+    Each rank's first record of the cell (``seq`` 0) is left out: its ``step_time_s``
+    covers the time since the cell started (imports, data loading), which would show as
+    a dip at the first step. Only steps that every rank reporting ``samples_per_s`` has
+    reached are included, so a live curve does not dip at a step that some ranks have
+    not logged yet.
 
     >>> run = Run("x", 2)
-    >>> _ = run.add([{"rank": r, "seq": 0, "step": 0, "samples_per_s": 10.0 * (r + 1)} for r in (0, 1)])
+    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "samples_per_s": 10.0 * (r + 1) + s}
+    ...              for s in (0, 1) for r in (0, 1)])
     >>> total_samples_per_s(run)
-    ([0], [30.0])
+    ([1], [32.0])
     """
     per_step: dict[Any, dict[int, float]] = defaultdict(dict)
     for rec in run.records:
         value, step = rec.get("samples_per_s"), rec.get("step")
-        if step is None or not isinstance(value, (int, float)) or math.isnan(value):
+        if rec["seq"] == 0 or step is None or not isinstance(value, (int, float)) or math.isnan(value):
             continue
         per_step[step][rec["rank"]] = float(value)
     reporting = {rank for by_rank in per_step.values() for rank in by_rank}
@@ -90,40 +106,64 @@ def total_samples_per_s(run: Run) -> tuple[list[Any], list[float]]:
 
 
 def steps_per_s(run: Run) -> tuple[list[Any], list[float]]:
-    """Per logged step, steps/s from the slowest rank's ``step_time_s``: ``(steps, rates)``.
+    """Per logged step after the first, steps/s from the slowest rank's ``step_time_s``: ``(steps, rates)``.
 
     A record's ``step_time_s`` covers the steps since the previous logged step, so
-    logging every k-th step still gives steps/s (the first logged step counts as one).
+    logging every k-th step still gives steps/s. The first logged step is left out: its
+    ``step_time_s`` covers the time since the cell started.
 
     >>> run = Run("x", 1)
-    >>> _ = run.add([{"rank": 0, "seq": i, "step": s, "step_time_s": 2.0} for i, s in enumerate((0, 4))])
+    >>> _ = run.add([{"rank": 0, "seq": i, "step": s, "step_time_s": 2.0} for i, s in enumerate((0, 4, 6))])
     >>> steps_per_s(run)
-    ([0, 4], [0.5, 2.0])
+    ([4, 6], [2.0, 1.0])
     """
     steps, _, _, slowest = run.aggregate("step_time_s")
-    rates = []
-    for i, (step, seconds) in enumerate(zip(steps, slowest)):
-        covered = step - steps[i - 1] if i else 1
-        rates.append(covered / seconds if seconds > 0 else math.nan)
-    return steps, rates
+    rates = [(step - prev) / seconds if seconds > 0 else math.nan
+             for prev, step, seconds in zip(steps, steps[1:], slowest[1:])]
+    return steps[1:], rates
 
 
-def seconds_per_step(run: Run, last: int = RECENT_STEPS) -> float | None:
-    """Mean wall time per step over the ``last`` logged steps (rank mean), or ``None``.
+def seconds_per_step(run: Run) -> float | None:
+    """Wall time per step over the run so far, from the records' ``time``, or ``None``.
 
-    >>> run = Run("x", 1)
-    >>> _ = run.add([{"rank": 0, "seq": s, "step": s, "step_time_s": 0.5} for s in range(3)])
-    >>> seconds_per_step(run)
-    0.5
+    The time from the first logged step to the latest (across ranks), over the steps
+    between them: steady over a long run (the ETA does not jump with a few slow steps),
+    and the start-up before the first step does not count.
+
+    >>> run = Run("x", 2)
+    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "time": 100.0 + 0.5 * s + 0.25 * r}
+    ...              for s in range(3) for r in (0, 1)])
+    >>> seconds_per_step(run)  # (100.0 at step 0 to 101.25 at step 2) / 2 steps
+    0.625
     """
-    steps, means, _, _ = run.aggregate("step_time_s")
-    pairs = [(s, t) for s, t in zip(steps, means) if not math.isnan(t)][-last:]
-    if not pairs:
+    timed = [(rec["step"], rec["time"]) for rec in run.records
+             if rec.get("step") is not None and rec.get("time") is not None]
+    if not timed:
         return None
-    if len(pairs) == 1:
-        return pairs[0][1]
-    covered = pairs[-1][0] - pairs[0][0]
-    return sum(t for _, t in pairs[1:]) / covered if covered > 0 else None
+    (first_step, first_time), (last_step, last_time) = min(timed), max(timed)
+    return (last_time - first_time) / (last_step - first_step) if last_step > first_step else None
+
+
+def thin(steps: list[Any], values: list[float | None], reduce: Callable[[list[float]], float] = statistics.fmean,
+         max_points: int = MAX_POINTS) -> tuple[list[Any], list[float | None]]:
+    """``(steps, values)`` with at most ``max_points`` points: consecutive steps in equal buckets.
+
+    Each bucket is drawn at its last step with ``reduce`` of its values (``None`` left out;
+    ``None`` if all are). Series up to ``max_points`` long are returned as they are.
+
+    >>> thin([0, 1, 2, 3, 4], [1.0, 3.0, None, 2.0, 5.0], min, max_points=3)
+    ([1, 3, 4], [1.0, 2.0, 5.0])
+    """
+    n = len(steps)
+    size = math.ceil(n / max_points)
+    if size <= 1:
+        return steps, values
+    xs, ys = [], []
+    for i in range(0, n, size):
+        bucket = [v for v in values[i : i + size] if v is not None]
+        xs.append(steps[min(i + size, n) - 1])
+        ys.append(reduce(bucket) if bucket else None)
+    return xs, ys
 
 
 def steps_done(run: Run) -> int:
@@ -160,11 +200,13 @@ def panel_data(run: Run) -> PanelData:
         else:
             compute.append(None)
     latest = [run.latest(r) or {} for r in ranks]
-    tput_steps, tput = total_samples_per_s(run)
-    tput_title = "samples/s (all ranks)"
-    if not tput_steps:
+    # samples/s once a batch size is known, even before there is a point to draw (no title flip)
+    if any(isinstance(rec.get("samples_per_s"), (int, float)) for rec in latest):
+        tput_steps, tput = total_samples_per_s(run)
+        tput_title = "throughput, samples/s (all ranks)"
+    else:
         tput_steps, tput = steps_per_s(run)
-        tput_title = "steps/s"
+        tput_title = "throughput, steps/s"
     return PanelData(
         loss_name=name,
         loss_steps=loss_steps,
@@ -183,11 +225,11 @@ def panel_data(run: Run) -> PanelData:
     )
 
 
-def render_png(run: Run, dpi: int = 100) -> bytes:
-    """The four panels of ``run`` as a PNG, drawn with matplotlib's Agg canvas (no pyplot).
+def static_figure(run: Run, dpi: int = 100) -> Any:
+    """The four panels of ``run`` as a matplotlib ``Figure`` on an Agg canvas (no pyplot), every step drawn.
 
-    >>> render_png(Run("x", 1, records=[]))[:4]
-    b'\\x89PNG'
+    >>> len(static_figure(Run("x", 1, records=[])).axes)
+    4
     """
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -204,32 +246,41 @@ def render_png(run: Run, dpi: int = 100) -> bytes:
 
     ax_loss.set_title(d.loss_name or "loss", fontsize=10)
     if d.loss_steps:
-        ax_loss.fill_between(d.loss_steps, arr(d.loss_min), arr(d.loss_max), alpha=0.25, label="min–max")
-        ax_loss.plot(d.loss_steps, arr(d.loss_mean), label="mean over ranks")
+        ax_loss.fill_between(d.loss_steps, arr(d.loss_min), arr(d.loss_max), color=_BLUE, alpha=0.25, label="min–max")
+        ax_loss.plot(d.loss_steps, arr(d.loss_mean), color=_BLUE, label="mean over ranks")
         ax_loss.legend(fontsize=8)
     ax_loss.set_xlabel("step")
 
     x = np.arange(len(d.rank_labels))
     compute = np.nan_to_num(arr(d.compute_s))
-    ax_time.set_title(f"time per step, last {RECENT_STEPS} steps (s)", fontsize=10)
-    ax_time.bar(x, compute, label="compute")
-    ax_time.bar(x, np.nan_to_num(arr(d.comm_s)), bottom=compute, label="communication")
+    ax_time.set_title(_TIME_TITLE, fontsize=10)
+    ax_time.bar(x, compute, color=_BLUE, label="compute")
+    ax_time.bar(x, np.nan_to_num(arr(d.comm_s)), bottom=compute, color=_ORANGE, label="communication")
     ax_time.set_xticks(x, d.rank_labels)
-    ax_time.legend(fontsize=8)
 
     ax_mem.set_title(d.mem_title, fontsize=10)
-    ax_mem.bar(x - 0.2, np.nan_to_num(arr(d.mem_mib)), 0.4, label="current")
-    ax_mem.bar(x + 0.2, np.nan_to_num(arr(d.mem_peak_mib)), 0.4, label="peak")
+    ax_mem.bar(x - 0.2, np.nan_to_num(arr(d.mem_mib)), 0.4, color=_BLUE, label="current")
+    ax_mem.bar(x + 0.2, np.nan_to_num(arr(d.mem_peak_mib)), 0.4, color=_ORANGE, label="peak")
     ax_mem.set_xticks(x, d.rank_labels)
-    ax_mem.legend(fontsize=8)
+    for ax in (ax_time, ax_mem):  # room above the bars for a legend that does not cover them
+        ax.margins(y=0.25)
+        ax.legend(fontsize=8, ncols=2, loc="upper center")
 
     ax_tput.set_title(d.throughput_title, fontsize=10)
     if d.throughput_steps:
-        ax_tput.plot(d.throughput_steps, arr(d.throughput))
+        ax_tput.plot(d.throughput_steps, arr(d.throughput), color=_BLUE)
     ax_tput.set_xlabel("step")
+    return fig
 
+
+def render_png(run: Run, dpi: int = 100) -> bytes:
+    """:func:`static_figure` of ``run`` as PNG bytes.
+
+    >>> render_png(Run("x", 1, records=[]))[:4]
+    b'\\x89PNG'
+    """
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    static_figure(run, dpi).savefig(buf, format="png")
     return buf.getvalue()
 
 
@@ -250,25 +301,26 @@ def _base_figure() -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    # Units go in the subplot titles (no y-axis titles): less clutter in a narrow window.
     fig = make_subplots(
         rows=2,
         cols=2,
-        subplot_titles=["loss", f"time per step, last {RECENT_STEPS} steps", "memory per rank", "throughput"],
-        horizontal_spacing=0.1,
+        subplot_titles=["loss", _TIME_TITLE, "memory per rank", "throughput"],
+        horizontal_spacing=0.14,
         vertical_spacing=0.2,
     )
-    band = dict(mode="lines", line=dict(width=0, color="rgba(31,119,180,0.3)"))
+    band = dict(mode="lines", line=dict(width=0, color="rgba(31,119,180,0.3)"))  # _BLUE
     fig.add_trace(go.Scatter(name="min", showlegend=False, **band), row=1, col=1)
     fig.add_trace(
         go.Scatter(name="min–max", fill="tonexty", fillcolor="rgba(31,119,180,0.25)", **band), row=1, col=1
     )
-    fig.add_trace(go.Scatter(name="mean", mode="lines", line=dict(color="rgb(31,119,180)")), row=1, col=1)
+    fig.add_trace(go.Scatter(name="mean", mode="lines", line=dict(color=_BLUE)), row=1, col=1)
     # barmode "group" for the memory bars; communication is stacked on compute through `base`.
-    fig.add_trace(go.Bar(name="compute", offsetgroup="time"), row=1, col=2)
-    fig.add_trace(go.Bar(name="communication", offsetgroup="time"), row=1, col=2)
-    fig.add_trace(go.Bar(name="memory now", offsetgroup="now"), row=2, col=1)
-    fig.add_trace(go.Bar(name="memory peak", offsetgroup="peak"), row=2, col=1)
-    fig.add_trace(go.Scatter(name="throughput", mode="lines", showlegend=False), row=2, col=2)
+    fig.add_trace(go.Bar(name="compute", offsetgroup="time", marker_color=_BLUE), row=1, col=2)
+    fig.add_trace(go.Bar(name="communication", offsetgroup="time", marker_color=_ORANGE), row=1, col=2)
+    fig.add_trace(go.Bar(name="memory now", offsetgroup="now", marker_color=_BLUE), row=2, col=1)
+    fig.add_trace(go.Bar(name="memory peak", offsetgroup="peak", marker_color=_ORANGE), row=2, col=1)
+    fig.add_trace(go.Scatter(name="throughput", mode="lines", line=dict(color=_BLUE), showlegend=False), row=2, col=2)
     fig.update_layout(
         height=520,
         margin=dict(l=55, r=15, t=35, b=40),
@@ -278,8 +330,67 @@ def _base_figure() -> Any:
     )
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=2)
-    fig.update_yaxes(title_text="seconds", row=1, col=2)
     return fig
+
+
+#: The kernel's one live FigureWidget (see :func:`live_figure`).
+_live: Any = None
+
+
+def live_figure() -> Any:
+    """The kernel's plotly ``FigureWidget`` for dashboards: created on first use, then reused.
+
+    A new ``FigureWidget`` sends plotly.js (its 5 MB ``_esm``) to the browser: a 1-2 s
+    freeze and a late dashboard for every training cell. So the kernel keeps one, and
+    :meth:`Dashboard.finish` leaves it open; a new one is made only once it is closed.
+    Reused, its axes autorange again and hidden traces show again, so a zoom or a
+    legend click in one cell does not carry over (the next dashboard draws its own data).
+    Only one dashboard can be live at a time: a new one takes the figure over.
+    """
+    global _live
+    import plotly.graph_objects as go
+
+    if _live is None or _live.comm is None:
+        _live = go.FigureWidget(_base_figure())
+        _live._config = {"responsive": True}  # follow the width of the page, with _FitWidth
+        return _live
+    # A zoom in the browser reaches Python as ranges only (plotly.js turns autorange off
+    # without saying so), and plotly sends only values that differ from Python's: off, then on.
+    axes = [f"{xy}axis{n}" for xy in "xy" for n in ("", 2, 3, 4)]
+    for autorange in (False, True):
+        _live.plotly_relayout({f"{axis}.autorange": autorange for axis in axes})
+    _live.plotly_restyle({"visible": True})
+    return _live
+
+
+@functools.cache
+def _fit_width_class() -> type:
+    """The class of :class:`Dashboard`'s width helper (defined on first use: importing anywidget takes 0.2 s)."""
+    import anywidget
+
+    class _FitWidth(anywidget.AnyWidget):
+        """Invisible; in the browser, resizes the plotly figures in its widget box to the box's width.
+
+        plotly's ``FigureWidget`` under anywidget draws once at 700 px and never follows its
+        container (plotly/plotly.py#5208). This calls plotly.js's resize when a figure in the
+        same box renders and when the box is resized. ``_responsiveChartHandler`` is a plotly.js
+        internal (set up by the ``responsive`` config); without it the helper does nothing.
+        """
+
+        _esm = """export default { render({ el }) {
+          el.style.display = 'none';
+          const box = () => el.closest('.widget-box') || el.parentElement;
+          const fit = (p) => p && p._responsiveChartHandler && p._responsiveChartHandler();
+          const fitAll = () => { const b = box(); if (b) b.querySelectorAll('.js-plotly-plot').forEach(fit); };
+          const onRender = (e) => { const b = box(); if (b && b.contains(e.detail.element)) requestAnimationFrame(() => fit(e.detail.element)); };
+          document.addEventListener('plotlywidget-after-render', onRender);
+          let lastW = -1;
+          const ro = new ResizeObserver((es) => { const w = Math.round(es[0].contentRect.width); if (w !== lastW) { lastW = w; fitAll(); } });
+          requestAnimationFrame(() => { const b = box(); if (b) ro.observe(b); fitAll(); });
+          return () => { document.removeEventListener('plotlywidget-after-render', onRender); ro.disconnect(); };
+        } };"""
+
+    return _FitWidth
 
 
 class Dashboard:
@@ -289,7 +400,8 @@ class Dashboard:
     comm messages sent from other threads, so a background receiver must hand the records
     to the main thread, which then calls :meth:`update`. Calls from other threads raise
     ``RuntimeError``. Outside a kernel (plain ``python``, terminal IPython) nothing live is
-    displayed and :meth:`finish` prints the text summary.
+    displayed and :meth:`finish` prints the text summary. The plotly figure is the kernel's
+    shared :func:`live_figure`: one dashboard is live at a time.
 
     Example:
         >>> run = Run("demo", world_size=2, total_steps=100)
@@ -304,7 +416,6 @@ class Dashboard:
 
     def __init__(self, run: Run, min_interval: float = 0.1) -> None:
         import ipywidgets as widgets
-        import plotly.graph_objects as go
 
         self.run = run
         self.min_interval = min_interval
@@ -318,13 +429,15 @@ class Dashboard:
         self._progress = widgets.Label()
         self._progress_row = widgets.HBox([self._bar, self._progress])
 
-        self._fig = go.FigureWidget(_base_figure())
-        self._box = widgets.VBox([self._header, self._progress_row, self._fig])
+        self._fig = live_figure()
+        self._fit = _fit_width_class()()
+        self._box = widgets.VBox([self._header, self._progress_row, self._fig, self._fit])
+        self._draw_figure()  # a reused figure still shows the previous run
 
     @property
     def figure(self) -> Any:
-        """The plotly ``FigureWidget``; traces: loss min, loss max, loss mean, compute, comm,
-        memory now, memory peak, throughput."""
+        """The plotly ``FigureWidget`` (:func:`live_figure`, shared with later dashboards); traces:
+        loss min, loss max, loss mean, compute, comm, memory now, memory peak, throughput."""
         return self._fig
 
     @property
@@ -374,7 +487,10 @@ class Dashboard:
         return True
 
     def finish(self) -> None:
-        """Final redraw, replace the live view in place with :func:`static_bundle`, print the summary; close the widgets."""
+        """Final redraw, replace the live view in place with :func:`static_bundle`, print the summary.
+
+        Closes the widgets, except the figure: the next dashboard reuses it (:func:`live_figure`).
+        """
         _check_thread()
         if self._finished:
             return
@@ -395,8 +511,8 @@ class Dashboard:
     def _close_widgets(self) -> None:
         from ipywidgets import Widget
 
-        for w in (self._fig, self._header, self._bar, self._progress, self._progress_row, self._box):
-            # Layout and style are widgets of their own; the FigureWidget's layout is plotly's.
+        for w in (self._header, self._bar, self._progress, self._progress_row, self._fit, self._box):
+            # Layout and style are widgets of their own.
             for part in (getattr(w, "layout", None), getattr(w, "style", None), w):
                 if isinstance(part, Widget):
                     part.close()
@@ -430,20 +546,21 @@ class Dashboard:
         self._progress.value = f"step {done} / {run.total_steps}, {tail}"
 
     def _draw_figure(self) -> None:
+        """Send the run's current data, lines thinned to :data:`MAX_POINTS` (a long run would resend every step)."""
         d = panel_data(self.run)
         fig = self._fig
         lo, hi, mean, compute, comm, mem, peak, tput = fig.data
+        titles = fig.layout.annotations  # the subplot titles, in panel order
         with fig.batch_update():
-            fig.layout.annotations[0].text = d.loss_name or "loss"
-            fig.layout.yaxis3.title.text = d.mem_title
-            fig.layout.yaxis4.title.text = d.throughput_title
-            lo.x = hi.x = mean.x = d.loss_steps
-            lo.y, hi.y, mean.y = d.loss_min, d.loss_max, d.loss_mean
+            titles[0].text, titles[2].text, titles[3].text = d.loss_name or "loss", d.mem_title, d.throughput_title
+            lo.x, lo.y = thin(d.loss_steps, d.loss_min, min)
+            hi.x, hi.y = thin(d.loss_steps, d.loss_max, max)
+            mean.x, mean.y = thin(d.loss_steps, d.loss_mean)
             compute.x = comm.x = mem.x = peak.x = d.rank_labels
             compute.y, comm.y = d.compute_s, d.comm_s
             comm.base = [c or 0.0 for c in d.compute_s]
             mem.y, peak.y = d.mem_mib, d.mem_peak_mib
-            tput.x, tput.y = d.throughput_steps, d.throughput
+            tput.x, tput.y = thin(d.throughput_steps, d.throughput)
 
 
 def preload() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import statistics
 import subprocess
 import sys
 import threading
@@ -12,12 +13,13 @@ from pathlib import Path
 import pytest
 from ipywidgets import Widget
 
-from jdist.dashboard import Dashboard, render_png, static_bundle
+from jdist.dashboard import MAX_POINTS, Dashboard, render_png, static_bundle, static_figure
 from jdist.metrics import Run
 
 REPO = Path(__file__).resolve().parents[1]
 RANKS, STEPS = 2, 30
 MIB = 2**20
+BLUE, ORANGE = "#1f77b4", "#ff7f0e"
 
 
 def values(rank: int, step: int) -> dict[str, float]:
@@ -35,11 +37,11 @@ def values(rank: int, step: int) -> dict[str, float]:
     }
 
 
-def make_run(**kw) -> Run:
+def make_run(steps: int = STEPS, **kw) -> Run:
     run = Run("test-run", world_size=RANKS, backend="gloo", **kw)
     run.add(
         {"rank": r, "seq": s, "step": s, "time": 1000.0 + s, **values(r, s)}
-        for s in range(STEPS)
+        for s in range(steps)
         for r in range(RANKS)
     )
     return run
@@ -98,21 +100,75 @@ def test_memory_bars_in_mib(dash):
     now, peak = dash.figure.data[5:7]
     assert list(now.y) == pytest.approx([100 + 10 * r + STEPS - 1 for r in range(RANKS)])
     assert list(peak.y) == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
-    assert dash.figure.layout.yaxis3.title.text == "host memory RSS (MiB)"
+    assert dash.figure.layout.annotations[2].text == "host memory RSS (MiB)"
 
 
 def test_memory_axis_on_gpu():
     d = Dashboard(make_run(device_kind="cuda"))
     d.update(force=True)
-    assert d.figure.layout.yaxis3.title.text == "GPU memory (MiB)"
+    assert d.figure.layout.annotations[2].text == "GPU memory (MiB)"
     d.finish()
+
+
+def test_units_in_subplot_titles_not_on_y_axes(dash):
+    layout = dash.figure.layout
+    titles = [a.text for a in layout.annotations]
+    assert titles == ["loss", "time per step (s), last 20 steps", "host memory RSS (MiB)", "throughput, samples/s (all ranks)"]
+    # no y-axis title squeezed between the columns in a narrow window
+    assert all(layout[f"yaxis{n}"].title.text is None for n in ("", 2, 3, 4))
+    assert layout.xaxis2.domain[0] - layout.xaxis.domain[1] == pytest.approx(0.14)
+
+
+def test_colours_match_the_png(dash):
+    lo, hi, avg, compute, comm, mem, peak, tput = dash.figure.data
+    assert (compute.marker.color, comm.marker.color) == (BLUE, ORANGE)
+    assert (mem.marker.color, peak.marker.color) == (BLUE, ORANGE)
+    assert avg.line.color == tput.line.color == BLUE
+    from matplotlib.colors import to_hex
+
+    ax_loss, ax_time, ax_mem, ax_tput = static_figure(dash.run).axes
+    bars = [to_hex(b.get_facecolor()) for b in ax_time.patches]
+    assert bars == [BLUE] * RANKS + [ORANGE] * RANKS
+    assert [to_hex(b.get_facecolor()) for b in ax_mem.patches] == bars
+    assert to_hex(ax_loss.lines[0].get_color()) == to_hex(ax_tput.lines[0].get_color()) == BLUE
+
+
+def test_png_legends_leave_the_bars_free():
+    fig = static_figure(make_run())
+    fig.canvas.draw()
+    for ax in fig.axes[1:3]:  # time per step, memory
+        legend = ax.get_legend()
+        box = legend.get_window_extent()
+        assert ax.patches and not any(box.overlaps(bar.get_window_extent()) for bar in ax.patches)
+        assert ax.margins()[1] == 0.25
+        frame = ax.get_window_extent()
+        assert abs((box.x0 + box.x1) / 2 - (frame.x0 + frame.x1) / 2) < 1  # upper center
+        assert frame.y1 - box.y1 < 10
+        assert len({round(t.get_window_extent().y0) for t in legend.get_texts()}) == 1  # both entries on one row
 
 
 def test_throughput_is_sum_over_ranks(dash):
     tput = dash.figure.data[7]
-    assert list(tput.x) == list(range(STEPS))
-    assert list(tput.y) == pytest.approx([sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(STEPS)])
-    assert dash.figure.layout.yaxis4.title.text == "samples/s (all ranks)"
+    # step 0 is left out: its step_time_s (and samples_per_s) covers the time since the cell started
+    assert list(tput.x) == list(range(1, STEPS))
+    assert list(tput.y) == pytest.approx([sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(1, STEPS)])
+    assert dash.figure.layout.annotations[3].text == "throughput, samples/s (all ranks)"
+
+
+def test_throughput_leaves_out_each_ranks_first_record():
+    run = Run("late", world_size=2)
+    # the first record of each rank (seq 0) is slow: it includes the start-up of the cell
+    run.add([{"rank": 0, "seq": 0, "step": 0, "samples_per_s": 1.0}])
+    d = Dashboard(run)
+    d.update(force=True)
+    assert list(d.figure.data[7].x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
+    run.add([{"rank": 0, "seq": 1, "step": 1, "samples_per_s": 100.0},
+              {"rank": 1, "seq": 0, "step": 1, "samples_per_s": 2.0},  # rank 1 logs its first step later
+              {"rank": 0, "seq": 2, "step": 2, "samples_per_s": 100.0},
+              {"rank": 1, "seq": 1, "step": 2, "samples_per_s": 100.0}])
+    d.update(force=True)
+    assert (list(d.figure.data[7].x), list(d.figure.data[7].y)) == ([2], [200.0])
+    d.finish()
 
 
 def test_throughput_falls_back_to_steps_per_s():
@@ -121,8 +177,34 @@ def test_throughput_falls_back_to_steps_per_s():
     d = Dashboard(run)
     d.update(force=True)
     tput = d.figure.data[7]
-    assert list(tput.y) == pytest.approx([2.0, 4.0, 4.0])  # 1 step, then 2 steps per 0.5 s
-    assert d.figure.layout.yaxis4.title.text == "steps/s"
+    assert list(tput.x) == [2, 4]  # step 0 left out: its step time includes the cell's start-up
+    assert list(tput.y) == pytest.approx([4.0, 4.0])  # 2 steps per 0.5 s
+    assert d.figure.layout.annotations[3].text == "throughput, steps/s"
+    d.finish()
+
+
+def test_long_runs_are_thinned_in_the_live_figure_only():
+    steps = 2500
+    run = make_run(steps=steps)
+    d = Dashboard(run)
+    d.update(force=True)
+    lo, hi, avg = d.figure.data[:3]
+    tput = d.figure.data[7]
+    size = 3  # ceil(2500 / 1000) consecutive steps per point
+    assert len(avg.x) == len(lo.y) == len(hi.y) == 834 <= MAX_POINTS
+    assert (avg.x[0], avg.x[1], avg.x[-1]) == (2, 5, steps - 1)  # each bucket at its last step
+    loss = [[values(r, s)["loss"] for r in range(RANKS)] for s in range(steps)]
+    for k in (0, 400, 833):
+        bucket = loss[k * size : (k + 1) * size]
+        assert lo.y[k] == pytest.approx(min(min(v) for v in bucket))
+        assert hi.y[k] == pytest.approx(max(max(v) for v in bucket))
+        assert avg.y[k] == pytest.approx(statistics.fmean(statistics.fmean(v) for v in bucket))
+    assert len(tput.x) == 833 and tput.x[0] == 3  # steps 1..2499
+    first = [sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in (1, 2, 3)]
+    assert tput.y[0] == pytest.approx(statistics.fmean(first))
+    # the PNG draws every step
+    ax_loss, _, _, ax_tput = static_figure(run).axes
+    assert len(ax_loss.lines[0].get_xdata()) == steps and len(ax_tput.lines[0].get_xdata()) == steps - 1
     d.finish()
 
 
@@ -144,11 +226,24 @@ def test_progress_with_total_steps():
     d.update(force=True)
     assert (d.progress_bar.value, d.progress_bar.max) == (30, 50)
     assert d.progress_bar.layout.display != "none"
-    # mean step time (mean over ranks) over the last 20 logged steps, 20 steps to go
-    per_step = mean([mean([values(r, s)["step_time_s"] for r in range(RANKS)]) for s in range(STEPS - 19, STEPS)])
-    eta = round(20 * per_step)
-    assert d.progress_text == f"step 30 / 50, ETA {eta // 60:02d}:{eta % 60:02d}"
-    assert eta > 50
+    # the records' "time" advances 1 s per step: 20 steps to go (step_time_s, ~3 s, is not used)
+    assert d.progress_text == "step 30 / 50, ETA 00:20"
+    d.finish()
+
+
+def test_eta_from_the_whole_run_not_the_last_steps():
+    def t(rank: int, step: int) -> float:  # 1 s per step, the last 10 of 110 steps 5 s; rank 1 0.3 s behind
+        return 1000.0 + step + 4 * max(0, step - 99) + 0.3 * rank
+
+    run = Run("eta", world_size=RANKS, total_steps=200)
+    run.add({"rank": r, "seq": s, "step": s, "time": t(r, s), "step_time_s": t(r, s) - t(r, s - 1)}
+            for s in range(110) for r in range(RANKS))
+    d = Dashboard(run)
+    d.update(force=True)
+    # from the first logged step (rank 0) to the latest (rank 1), over the 109 steps between
+    eta = round(90 * (t(1, 109) - t(0, 0)) / 109)
+    assert eta == 123  # the last 20 steps alone would say 90 * 3 s
+    assert d.progress_text == "step 110 / 200, ETA 02:03"
     d.finish()
 
 
@@ -185,8 +280,56 @@ def test_finish_outside_kernel_prints_summary_and_closes(capsys):
     assert capsys.readouterr().out == ""  # no kernel: nothing live is displayed
     d.finish()
     assert capsys.readouterr().out == run.summary() + "\n"
-    assert all(w.comm is None for w in widget_tree(d.widget))  # nothing leaks, layouts and styles included
+    # nothing leaks, layouts and styles included; the figure stays open for the next dashboard
+    assert all(w.comm is None for w in widget_tree(d.widget) if w is not d.figure)
+    assert d.figure.comm is not None
     assert d.update(force=True) is False
+
+
+def test_figure_follows_the_width_of_the_page(dash):
+    assert dash.figure._config == {"responsive": True}
+    # the invisible helper that resizes the figure to its box (plotly/plotly.py#5208)
+    helper = dash.widget.children[-1]
+    assert helper is not dash.figure and dash.figure in dash.widget.children
+    for part in ("_responsiveChartHandler", "plotlywidget-after-render", "ResizeObserver", "widget-box"):
+        assert part in helper._esm
+
+
+def test_one_figure_widget_per_kernel():
+    d1 = Dashboard(make_run())
+    fig = d1.figure
+    d1.finish()
+    d2 = Dashboard(Run("next", world_size=1))
+    assert d2.figure is fig and fig.comm is not None  # plotly.js is not sent to the browser again
+    assert [list(t.x or []) for t in fig.data[:3]] == [[], [], []]  # the previous run's data is gone
+    assert fig.layout.annotations[0].text == "loss"
+    d2.finish()
+    fig.close()  # e.g. closed by the user: the next dashboard makes a new one
+    d3 = Dashboard(make_run())
+    assert d3.figure is not fig and d3.figure.comm is not None and d3.figure._config == {"responsive": True}
+    d3.finish()
+
+
+def test_reused_figure_forgets_zoom_and_hidden_traces():
+    d = Dashboard(make_run())
+    fig = d.figure
+    axes = [f"{xy}axis{n}" for xy in "xy" for n in ("", 2, 3, 4)]
+    for _ in range(2):  # the second time Python already holds autorange=True from the first reset
+        d.finish()
+        # what the browser reports for a box zoom and a click on a legend entry
+        fig._js2py_relayout = {"relayout_data": {"xaxis.range[0]": 2, "xaxis.range[1]": 5}, "source_view_id": "v"}
+        fig._js2py_restyle = {"style_data": {"visible": ["legendonly"]}, "style_traces": [4], "source_view_id": "v"}
+        sent = []
+        fig.observe(lambda change: change["new"] and sent.append(change), names=["_py2js_relayout", "_py2js_restyle"])
+        d = Dashboard(make_run())
+        fig.unobserve_all("_py2js_relayout")
+        fig.unobserve_all("_py2js_restyle")
+        assert d.figure is fig
+        relayouts = [c["new"]["relayout_data"] for c in sent if c["name"] == "_py2js_relayout"]
+        assert relayouts[-1] == {f"{axis}.autorange": True for axis in axes}
+        restyles = [c["new"]["restyle_data"] for c in sent if c["name"] == "_py2js_restyle"]
+        assert {"visible": True} in restyles and fig.data[4].visible is True
+    d.finish()
 
 
 def test_calls_from_other_threads_raise():
@@ -211,6 +354,7 @@ def test_plain_python_is_quiet_and_leaves_pyplot_alone():
         "import sys\n"
         "from jdist.metrics import Run\n"
         "from jdist.dashboard import Dashboard\n"
+        "assert not {'anywidget', 'ipywidgets', 'plotly', 'matplotlib'} & set(sys.modules)  # a cheap import\n"
         "run = Run('plain', 1)\n"
         "run.add([{'rank': 0, 'seq': 0, 'step': 0, 'loss': 1.0}])\n"
         "d = Dashboard(run); d.show(); d.update(); d.finish()\n"
@@ -244,6 +388,13 @@ def test_in_a_real_kernel():
                 "    dash.update(force=True)"
             ),
             v4.new_code_cell("run.status = 'done'\ndash.finish()"),
+            v4.new_code_cell(
+                "fig = dash.figure\n"
+                "dash2 = Dashboard(Run('nb-run-2', world_size=1))\n"
+                "dash2.show()\n"
+                "assert dash2.figure is fig and fig.comm is not None and fig.comm.kernel is not None\n"
+                "dash2.finish()"
+            ),
         ]
     )
     live_outputs = {}
