@@ -24,6 +24,7 @@ import os
 import resource
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,11 @@ from .metrics import RESERVED
 
 #: Seconds between two publishes of pending records from a rank.
 FLUSH_INTERVAL = 0.1
+#: Records of a cell kept on the rank to re-send any the stream lost: the first
+#: ``KEEP_FIRST`` (the stream can miss the start of a cell) and the latest ``KEEP_LAST``,
+#: so a long cell does not grow the rank's memory without bound.
+KEEP_FIRST = 10_000
+KEEP_LAST = 100_000
 #: Key under which records travel in ipyparallel data messages.
 DATA_KEY = "jdist"
 
@@ -48,7 +54,8 @@ class _State:
     data_pub: Any = None
     cell: int = 0
     seq: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    first: list[dict[str, Any]] = field(default_factory=list)
+    latest: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=KEEP_LAST))
     pending: list[dict[str, Any]] = field(default_factory=list)
     last_flush: float = 0.0
     t_last: float = 0.0
@@ -250,11 +257,6 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
     now = time.perf_counter()
     st = _state
     ctx = _require_ctx()
-    step_time = now - st.t_last
-    st.t_last = now
-    comm_time = min(st.timer.take(), step_time)
-    if batch_size is not None:
-        st.batch_size = int(batch_size)
     rec: dict[str, Any] = {
         "rank": ctx.rank,
         "cell": st.cell,
@@ -266,6 +268,11 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
         if name in RESERVED:
             raise ValueError(f"jdist.log: {name!r} is a reserved metric name; log it under another name.")
         rec[name] = _number(name, value)
+    step_time = now - st.t_last
+    st.t_last = now
+    comm_time = min(st.timer.take(), step_time)
+    if batch_size is not None:
+        st.batch_size = int(batch_size)
     mem, peak = _memory(ctx)
     rec.update(
         step_time_s=step_time,
@@ -276,7 +283,7 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
         samples_per_s=(st.batch_size / step_time) if st.batch_size and step_time > 0 else None,
     )
     st.seq += 1
-    st.records.append(rec)
+    (st.first if len(st.first) < KEEP_FIRST else st.latest).append(rec)
     st.pending.append(rec)
     if now - st.last_flush >= FLUSH_INTERVAL:
         _flush()
@@ -325,7 +332,8 @@ def _pre_cell(info: Any = None) -> None:
     st = _state
     st.cell += 1
     st.seq = 0
-    st.records = []
+    st.first = []
+    st.latest = deque(maxlen=KEEP_LAST)
     st.pending = []
     st.total_steps = None
     st.timer.take()
@@ -350,11 +358,12 @@ def cell_count() -> tuple[int, int]:
 
 
 def records(cell: int, seqs: list[int]) -> list[dict[str, Any]]:
-    """Records of the current cell with the given sequence numbers (the kernel's loss repair)."""
+    """Records of the current cell with the given sequence numbers, as far as still kept
+    (see ``KEEP_FIRST``/``KEEP_LAST``); the kernel's repair of the stream."""
     if cell != _state.cell:
         return []
     wanted = set(seqs)
-    return [r for r in _state.records if r["seq"] in wanted]
+    return [r for part in (_state.first, _state.latest) for r in part if r["seq"] in wanted]
 
 
 def teardown() -> None:

@@ -214,6 +214,13 @@ class _Collector:
                 recs = self.cluster.apply(rank_runtime.records, self.cells[rank], missing, ranks=[rank])[0]
                 self._add(recs)
                 fetched += len(recs)
+                if len(recs) < len(missing):
+                    print(
+                        f"jdist: {len(missing) - len(recs)} of {count} records of rank {rank} were lost in transport "
+                        "and are no longer kept on the rank (it keeps the first "
+                        f"{rank_runtime.KEEP_FIRST} and the last {rank_runtime.KEEP_LAST} of a cell).",
+                        file=sys.stderr,
+                    )
         return fetched
 
     def finish(self, status: str, error: str | None) -> None:

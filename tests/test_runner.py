@@ -108,6 +108,26 @@ def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
     assert cluster_kernel.value("[jdist.last_run().count(r) for r in (0, 1)]") == [25, 25]
 
 
+def test_records_beyond_what_ranks_keep_are_reported_lost(cluster_kernel):
+    cluster_kernel.run("%%distributed\n_keep = jdist.rank.KEEP_FIRST, jdist.rank.KEEP_LAST\n"
+                       "jdist.rank.KEEP_FIRST = jdist.rank.KEEP_LAST = 5")
+    try:
+        out = cluster_kernel.run(
+            "%%distributed\n"
+            "_orig_flush = jdist.rank._flush\n"
+            "jdist.rank._flush = lambda: jdist.rank._state.pending.clear()\n"
+            "for step in range(20):\n"
+            "    jdist.log(step=step, x=1.0)\n"
+            "jdist.rank._state.pending.clear()\n"
+            "jdist.rank._flush = _orig_flush"
+        )
+        assert cluster_kernel.value("[jdist.last_run().count(r) for r in (0, 1)]") == [10, 10]
+        assert "10 of 20 records of rank 0 were lost in transport" in out.stderr
+        assert cluster_kernel.value("sorted(jdist.last_run().history.query('rank == 0').step)") == [0, 1, 2, 3, 4, 15, 16, 17, 18, 19]
+    finally:
+        cluster_kernel.run("%%distributed\njdist.rank.KEEP_FIRST, jdist.rank.KEEP_LAST = _keep")
+
+
 def test_error_on_one_rank_names_the_rank_once(cluster_kernel):
     out = cluster_kernel.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\nok = True", allow_error=True)
     assert out.error["ename"] == "RankError"
