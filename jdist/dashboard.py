@@ -7,9 +7,8 @@ the cell: a header line, a progress bar and a plotly ``FigureWidget`` with four 
 drawn with matplotlib (and the summary as text), so a saved notebook shows the results
 without a kernel (GitHub, nbviewer).
 
-The kernel keeps one ``FigureWidget`` and every dashboard reuses it (see :func:`live_figure`):
-each new one would send plotly.js (5 MB) to the browser again. Long series are thinned to
-:data:`MAX_POINTS` points in the live figure (:func:`thin`); the PNG shows every step.
+Long series are thinned to :data:`MAX_POINTS` points in the live figure (:func:`thin`);
+the PNG shows every step.
 
 Example:
     >>> from jdist.metrics import Run
@@ -330,37 +329,23 @@ def _base_figure() -> Any:
     )
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=2)
+    fig.update_annotations(font_size=12)  # subplot titles keep plotly's 16 px otherwise: clipped when narrow
+    fig.update_yaxes(exponentformat="e", row=1, col=1)  # small losses read 1e-13, not "100f"
     return fig
 
 
-#: The kernel's one live FigureWidget (see :func:`live_figure`).
-_live: Any = None
-
-
 def live_figure() -> Any:
-    """The kernel's plotly ``FigureWidget`` for dashboards: created on first use, then reused.
+    """A new plotly ``FigureWidget`` for one dashboard, sized to follow the page (with ``_FitWidth``).
 
-    A new ``FigureWidget`` sends plotly.js (its 5 MB ``_esm``) to the browser: a 1-2 s
-    freeze and a late dashboard for every training cell. So the kernel keeps one, and
-    :meth:`Dashboard.finish` leaves it open; a new one is made only once it is closed.
-    Reused, its axes autorange again and hidden traces show again, so a zoom or a
-    legend click in one cell does not carry over (the next dashboard draws its own data).
-    Only one dashboard can be live at a time: a new one takes the figure over.
+    One per dashboard, closed by :meth:`Dashboard.finish`. Reusing one across cells would
+    save sending plotly.js (5 MB) again, but plotly 7.1's widget view leaves its listeners on
+    the model when the view is removed, and a reused figure then stays blank in the browser.
     """
-    global _live
     import plotly.graph_objects as go
 
-    if _live is None or _live.comm is None:
-        _live = go.FigureWidget(_base_figure())
-        _live._config = {"responsive": True}  # follow the width of the page, with _FitWidth
-        return _live
-    # A zoom in the browser reaches Python as ranges only (plotly.js turns autorange off
-    # without saying so), and plotly sends only values that differ from Python's: off, then on.
-    axes = [f"{xy}axis{n}" for xy in "xy" for n in ("", 2, 3, 4)]
-    for autorange in (False, True):
-        _live.plotly_relayout({f"{axis}.autorange": autorange for axis in axes})
-    _live.plotly_restyle({"visible": True})
-    return _live
+    fig = go.FigureWidget(_base_figure())
+    fig._config = {"responsive": True}
+    return fig
 
 
 @functools.cache
@@ -400,8 +385,7 @@ class Dashboard:
     comm messages sent from other threads, so a background receiver must hand the records
     to the main thread, which then calls :meth:`update`. Calls from other threads raise
     ``RuntimeError``. Outside a kernel (plain ``python``, terminal IPython) nothing live is
-    displayed and :meth:`finish` prints the text summary. The plotly figure is the kernel's
-    shared :func:`live_figure`: one dashboard is live at a time.
+    displayed and :meth:`finish` prints the text summary.
 
     Example:
         >>> run = Run("demo", world_size=2, total_steps=100)
@@ -432,11 +416,10 @@ class Dashboard:
         self._fig = live_figure()
         self._fit = _fit_width_class()()
         self._box = widgets.VBox([self._header, self._progress_row, self._fig, self._fit])
-        self._draw_figure()  # a reused figure still shows the previous run
 
     @property
     def figure(self) -> Any:
-        """The plotly ``FigureWidget`` (:func:`live_figure`, shared with later dashboards); traces:
+        """The plotly ``FigureWidget`` (:func:`live_figure`); traces:
         loss min, loss max, loss mean, compute, comm, memory now, memory peak, throughput."""
         return self._fig
 
@@ -489,7 +472,7 @@ class Dashboard:
     def finish(self) -> None:
         """Final redraw, replace the live view in place with :func:`static_bundle`, print the summary.
 
-        Closes the widgets, except the figure: the next dashboard reuses it (:func:`live_figure`).
+        Closes every widget of the view, the figure included.
         """
         _check_thread()
         if self._finished:
@@ -511,8 +494,8 @@ class Dashboard:
     def _close_widgets(self) -> None:
         from ipywidgets import Widget
 
-        for w in (self._header, self._bar, self._progress, self._progress_row, self._fit, self._box):
-            # Layout and style are widgets of their own.
+        for w in (self._fig, self._header, self._bar, self._progress, self._progress_row, self._fit, self._box):
+            # Layout and style are widgets of their own; the FigureWidget's layout is plotly's.
             for part in (getattr(w, "layout", None), getattr(w, "style", None), w):
                 if isinstance(part, Widget):
                     part.close()

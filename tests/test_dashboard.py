@@ -280,9 +280,9 @@ def test_finish_outside_kernel_prints_summary_and_closes(capsys):
     assert capsys.readouterr().out == ""  # no kernel: nothing live is displayed
     d.finish()
     assert capsys.readouterr().out == run.summary() + "\n"
-    # nothing leaks, layouts and styles included; the figure stays open for the next dashboard
-    assert all(w.comm is None for w in widget_tree(d.widget) if w is not d.figure)
-    assert d.figure.comm is not None
+    # nothing leaks, layouts and styles included
+    assert all(w.comm is None for w in widget_tree(d.widget))
+    assert d.figure.comm is None
     assert d.update(force=True) is False
 
 
@@ -295,41 +295,19 @@ def test_figure_follows_the_width_of_the_page(dash):
         assert part in helper._esm
 
 
-def test_one_figure_widget_per_kernel():
+def test_each_dashboard_gets_its_own_figure():
+    # plotly 7.1's widget view leaves listeners behind when its output is replaced: a reused
+    # FigureWidget stayed blank in the browser. So each dashboard has its own, closed at the end.
     d1 = Dashboard(make_run())
-    fig = d1.figure
     d1.finish()
     d2 = Dashboard(Run("next", world_size=1))
-    assert d2.figure is fig and fig.comm is not None  # plotly.js is not sent to the browser again
-    assert [list(t.x or []) for t in fig.data[:3]] == [[], [], []]  # the previous run's data is gone
-    assert fig.layout.annotations[0].text == "loss"
+    assert d2.figure is not d1.figure and d1.figure.comm is None and d2.figure.comm is not None
+    assert d2.figure._config == {"responsive": True}
     d2.finish()
-    fig.close()  # e.g. closed by the user: the next dashboard makes a new one
-    d3 = Dashboard(make_run())
-    assert d3.figure is not fig and d3.figure.comm is not None and d3.figure._config == {"responsive": True}
-    d3.finish()
 
 
-def test_reused_figure_forgets_zoom_and_hidden_traces():
-    d = Dashboard(make_run())
-    fig = d.figure
-    axes = [f"{xy}axis{n}" for xy in "xy" for n in ("", 2, 3, 4)]
-    for _ in range(2):  # the second time Python already holds autorange=True from the first reset
-        d.finish()
-        # what the browser reports for a box zoom and a click on a legend entry
-        fig._js2py_relayout = {"relayout_data": {"xaxis.range[0]": 2, "xaxis.range[1]": 5}, "source_view_id": "v"}
-        fig._js2py_restyle = {"style_data": {"visible": ["legendonly"]}, "style_traces": [4], "source_view_id": "v"}
-        sent = []
-        fig.observe(lambda change: change["new"] and sent.append(change), names=["_py2js_relayout", "_py2js_restyle"])
-        d = Dashboard(make_run())
-        fig.unobserve_all("_py2js_relayout")
-        fig.unobserve_all("_py2js_restyle")
-        assert d.figure is fig
-        relayouts = [c["new"]["relayout_data"] for c in sent if c["name"] == "_py2js_relayout"]
-        assert relayouts[-1] == {f"{axis}.autorange": True for axis in axes}
-        restyles = [c["new"]["restyle_data"] for c in sent if c["name"] == "_py2js_restyle"]
-        assert {"visible": True} in restyles and fig.data[4].visible is True
-    d.finish()
+def test_subplot_titles_are_small_enough_for_a_narrow_page(dash):
+    assert {a.font.size for a in dash.figure.layout.annotations} == {12}
 
 
 def test_calls_from_other_threads_raise():
@@ -392,7 +370,7 @@ def test_in_a_real_kernel():
                 "fig = dash.figure\n"
                 "dash2 = Dashboard(Run('nb-run-2', world_size=1))\n"
                 "dash2.show()\n"
-                "assert dash2.figure is fig and fig.comm is not None and fig.comm.kernel is not None\n"
+                "assert dash2.figure is not fig and fig.comm is None and dash2.figure.comm is not None\n"
                 "dash2.finish()"
             ),
         ]
