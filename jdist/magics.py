@@ -162,11 +162,13 @@ class DistributedMagics(Magics):
                     "Add --restart to replace it (rank state is lost), or drop these options to reuse it."
                 )
             return running
-        if args.n is None and args.gpus is None:
-            if running is None:
-                raise UsageError("No cluster is running: start one with %%distributed -n 2 (CPU ranks) or --gpus N.")
-            args.n, args.gpus = (None, running.config.n) if running.config.gpus else (running.config.n, None)
+        if running is not None:  # --restart: options not given are kept
+            if args.n is None and args.gpus is None:
+                args.n, args.gpus = (None, running.config.n) if running.config.gpus else (running.config.n, None)
             args.backend = args.backend or running.config.backend
+            args.timeout = running.config.timeout if args.timeout is None else args.timeout
+        elif args.n is None and args.gpus is None:
+            raise UsageError("No cluster is running: start one with %%distributed -n 2 (CPU ranks) or --gpus N.")
         cfg = _config_from(args)
         if running is not None:
             _say("Stopping the running cluster...")

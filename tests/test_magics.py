@@ -102,6 +102,9 @@ def test_restart_loses_state_and_keeps_options(cluster_kernel):
     assert "Ready: 2 rank(s), backend ddp" in out.stdout
     out = cluster_kernel.run("%%distributed\nprint('before_restart' in globals(), world_size)")
     assert out.stdout.strip() == "False 2"
+    out = cluster_kernel.run("%%distributed --restart\nprint(world_size)")
+    assert "Ready: 2 rank(s)" in out.stdout and out.stdout.strip().endswith("2")
+    assert "process-group timeout 30 s" in cluster_kernel.run("%dist status").stdout  # kept, not reset to 60
 
 
 def test_stop_is_quiet_and_ends_the_rank_processes(cluster_kernel):
