@@ -7,8 +7,12 @@ In the notebook::
     model = jdist.prepare(torch.nn.Linear(8, 1))   # runs on every rank
     jdist.log(step=0, loss=0.5)
 
-On the ranks: :func:`prepare`, :func:`log`, :func:`progress`. In the notebook kernel:
-:func:`last_run` (the most recent run, ``.history`` as a DataFrame) and :func:`runs`.
+On the ranks: :func:`prepare`, :func:`log`, :func:`progress`; training helpers
+:func:`backward`, :func:`clip_grad_norm_`, :func:`no_sync`, :func:`scale_lr`, :func:`warmup`
+(:mod:`jdist.training`); checkpoints :func:`save_checkpoint`, :func:`load_checkpoint`,
+:func:`latest_checkpoint`, :func:`checkpoint_every` (:mod:`jdist.checkpoint`).
+In the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a
+DataFrame) and :func:`runs`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,29 @@ from .metrics import AUTO_METRICS, Run, read_run
 from .rank import log, prepare, progress
 
 __version__ = "0.1.0"
+
+# Resolved on first use (PEP 562): jdist.training imports torch, which the notebook kernel
+# does not need.
+_LAZY = {
+    "backward": "training",
+    "clip_grad_norm_": "training",
+    "no_sync": "training",
+    "scale_lr": "training",
+    "warmup": "training",
+    "is_sync_step": "training",
+    "save_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "latest_checkpoint": "checkpoint",
+    "checkpoint_every": "checkpoint",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'jdist' has no attribute {name!r}")
 
 
 def last_run() -> Run | None:
@@ -46,4 +73,5 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001
     ipython.user_ns.setdefault("jdist", sys.modules[__name__])
 
 
-__all__ = ["AUTO_METRICS", "Run", "last_run", "load_ipython_extension", "log", "prepare", "progress", "read_run", "runs"]
+__all__ = ["AUTO_METRICS", "Run", "last_run", "load_ipython_extension", "log", "prepare", "progress", "read_run", "runs",
+           *_LAZY]

@@ -23,11 +23,14 @@ import socket
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .backends import available_backends, get_backend
+
+#: Values of ``--precision`` (autocast dtype; fp16 adds a GradScaler).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 #: Largest rank count accepted for local CPU ranks (each rank is a Python process with torch).
 MAX_LOCAL_RANKS = 64
@@ -44,6 +47,7 @@ class ClusterConfig:
     ``n`` ranks; ``gpus`` True pins one CUDA device per rank (NCCL), else CPU ranks (gloo).
     ``timeout``: process-group timeout in seconds. ``start_timeout``: seconds to wait for
     engines to register. ``threads``: torch threads per CPU rank (None: cores / ranks).
+    ``precision``: autocast dtype of prepared models, fp32/bf16/fp16 (changeable while running).
     """
 
     n: int
@@ -52,6 +56,7 @@ class ClusterConfig:
     timeout: float = 60.0
     start_timeout: float = 120.0
     threads: int | None = None
+    precision: str = "fp32"
 
     def validate(self) -> None:
         """Raise ValueError with the fix for impossible settings (before anything starts)."""
@@ -59,9 +64,13 @@ class ClusterConfig:
             raise ValueError(f"-n/--gpus must be at least 1 (got {self.n}); e.g. -n 2.")
         if not self.gpus and self.n > MAX_LOCAL_RANKS:
             raise ValueError(f"-n {self.n} is more than {MAX_LOCAL_RANKS} local ranks; use -n {MAX_LOCAL_RANKS} or fewer.")
-        get_backend(self.backend)  # names the valid choices
+        missing = get_backend(self.backend).unavailable()  # get_backend names the valid choices
+        if missing:
+            raise ValueError(missing)
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be positive seconds (got {self.timeout}).")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}.")
         if self.gpus:
             have = visible_gpus()
             if have < self.n:
@@ -110,11 +119,17 @@ class DistributedCluster:
         self.ranks: list[dict[str, Any]] = []
         self._engine_of_rank: dict[int, int] = {}
         self.started_at: float | None = None
+        self.state_file: Path | None = None  # for the Jupyter server extension (jdist.server.state)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def running(self) -> bool:
         return self.client is not None
+
+    @property
+    def cluster_id(self) -> str | None:
+        """The ipyparallel cluster id (new at every start), or None when not running."""
+        return self.cluster.cluster_id if self.cluster is not None else None
 
     def start(self, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         """Start controller and engines, wait for all ranks, set up the backend on them.
@@ -151,6 +166,9 @@ class DistributedCluster:
             self.stop()
             raise
         self.started_at = time.time()
+        from .server import state
+
+        self.state_file = state.write(self)  # lets the Jupyter server list this cluster; best effort
         kinds = sorted({r["device"] for r in self.ranks})
         say(
             f"Ready: {n} rank(s), backend {self.config.backend}, device(s) {', '.join(kinds)} "
@@ -212,6 +230,9 @@ class DistributedCluster:
         """Stop engines and controller (teardown on the ranks first, best effort). Idempotent."""
         client, cluster = self.client, self.cluster
         self.client = self.cluster = None
+        if self.state_file is not None:
+            self.state_file.unlink(missing_ok=True)
+            self.state_file = None
         self.ranks, self._engine_of_rank = [], {}
         if client is not None:
             try:
@@ -287,31 +308,52 @@ class DistributedCluster:
         view = self._require()[self.engine_ids(ranks)]
         view.push({name: value}, block=True)
 
+    def set_precision(self, precision: str) -> None:
+        """Change the autocast precision on every rank (prepared models included), no restart."""
+        new = replace(self.config, precision=precision)
+        new.validate()
+        self._require()[:].apply_sync(_set_rank_precision, precision)
+        self.config = new
+
     def status(self) -> dict[str, Any]:
         """Config, uptime and per-rank info with ``state`` busy/idle/dead (from the controller)."""
-        client = self._require()
-
-        def busy_engines() -> set[int]:
-            queue = client.queue_status()
-            return {e for e, q in queue.items() if isinstance(q, dict) and (q.get("queue") or q.get("tasks"))}
-
-        busy = busy_engines()
-        if busy and not client.outstanding:
-            # The controller books a reply slightly after the client got it: ask again once.
-            time.sleep(0.1)
-            busy = busy_engines()
-        alive = set(client.ids)
+        states = engine_states(self._require())
         ranks = []
         for info in self.ranks:
             eid = self._engine_of_rank[info["rank"]]
-            state = "dead" if eid not in alive else "busy" if eid in busy else "idle"
-            ranks.append({**info, "engine_id": eid, "state": state})
+            ranks.append({**info, "engine_id": eid, "state": states.get(eid, "dead")})
         return {
             "config": asdict(self.config),
             "uptime_s": time.time() - (self.started_at or time.time()),
             "cluster_id": self.cluster.cluster_id if self.cluster else None,
             "ranks": ranks,
         }
+
+
+def _set_rank_precision(precision: str) -> None:
+    from jdist import training  # on the rank (torch is there)
+
+    training.set_precision(precision)
+
+
+def engine_states(client: Any) -> dict[int, str]:
+    """``busy`` or ``idle`` per registered engine id, from the controller's queue status.
+
+    Engines missing from the result are dead (the controller unregistered them). Works with
+    any ipyparallel ``Client`` of the cluster: the kernel's own (``status``) or the Jupyter
+    server extension's.
+    """
+
+    def busy_engines() -> set[int]:
+        queue = client.queue_status()
+        return {e for e, q in queue.items() if isinstance(q, dict) and (q.get("queue") or q.get("tasks"))}
+
+    busy = busy_engines()
+    if busy and not client.outstanding:
+        # The controller books a reply slightly after the client got it: ask again once.
+        time.sleep(0.1)
+        busy = busy_engines()
+    return {eid: "busy" if eid in busy else "idle" for eid in client.ids}
 
 
 def _process_alive(proc: Any) -> bool:
@@ -354,6 +396,7 @@ __all__ = [
     "DistributedCluster",
     "available_backends",
     "current",
+    "engine_states",
     "mpiexec_path",
     "set_current",
     "visible_gpus",

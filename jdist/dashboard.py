@@ -41,8 +41,8 @@ RECENT_STEPS = 20
 MAX_POINTS = 1000
 _MIB = 2**20
 #: Colours shared by the live figure and the PNG: compute, memory now, loss and throughput in
-#: blue; communication and peak memory in orange.
-_BLUE, _ORANGE = "#1f77b4", "#ff7f0e"
+#: blue; communication and peak memory in orange; model+optimizer state in green.
+_BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 _TIME_TITLE = f"time per step (s), last {RECENT_STEPS} steps"
 
 
@@ -61,6 +61,7 @@ class PanelData:
     mem_title: str
     mem_mib: list[float | None]
     mem_peak_mib: list[float | None]
+    state_mib: list[float | None]
     throughput_title: str
     throughput_steps: list[Any]
     throughput: list[float | None]
@@ -187,9 +188,9 @@ def panel_data(run: Run) -> PanelData:
     name = loss_metric(run)
     loss_steps, mean, low, high = run.aggregate(name) if name else ([], [], [], [])
     ranks = sorted(set(range(run.world_size)) | set(run.ranks))
-    step_t = run.per_rank_mean("step_time_s", last=RECENT_STEPS)
-    comm_t = run.per_rank_mean("comm_time_s", last=RECENT_STEPS)
-    compute_t = run.per_rank_mean("compute_time_s", last=RECENT_STEPS)
+    step_t = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
+    comm_t = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
+    compute_t = run.per_rank_mean("compute_time_s", last=RECENT_STEPS, skip_first=True)
     compute: list[float | None] = []
     for r in ranks:
         if r in compute_t:
@@ -218,6 +219,7 @@ def panel_data(run: Run) -> PanelData:
         mem_title="GPU memory (MiB)" if run.device_kind == "cuda" else "host memory RSS (MiB)",
         mem_mib=[_mib(rec.get("mem_bytes")) for rec in latest],
         mem_peak_mib=[_mib(rec.get("mem_peak_bytes")) for rec in latest],
+        state_mib=[_mib(rec.get("state_bytes")) for rec in latest],
         throughput_title=tput_title,
         throughput_steps=tput_steps,
         throughput=_finite(tput),
@@ -258,12 +260,16 @@ def static_figure(run: Run, dpi: int = 100) -> Any:
     ax_time.set_xticks(x, d.rank_labels)
 
     ax_mem.set_title(d.mem_title, fontsize=10)
-    ax_mem.bar(x - 0.2, np.nan_to_num(arr(d.mem_mib)), 0.4, color=_BLUE, label="current")
-    ax_mem.bar(x + 0.2, np.nan_to_num(arr(d.mem_peak_mib)), 0.4, color=_ORANGE, label="peak")
+    ax_mem.bar(x - 0.27, np.nan_to_num(arr(d.mem_mib)), 0.27, color=_BLUE, label="current")
+    ax_mem.bar(x, np.nan_to_num(arr(d.mem_peak_mib)), 0.27, color=_ORANGE, label="peak")
+    state = ax_mem.bar(x + 0.27, np.nan_to_num(arr(d.state_mib)), 0.27, color=_GREEN, label="model+optimizer")
+    if any(v for v in d.state_mib):  # small next to a process's RSS on CPU ranks: label the value
+        ax_mem.bar_label(state, fmt="%.1f", fontsize=7, color=_GREEN)
     ax_mem.set_xticks(x, d.rank_labels)
     for ax in (ax_time, ax_mem):  # room above the bars for a legend that does not cover them
         ax.margins(y=0.25)
-        ax.legend(fontsize=8, ncols=2, loc="upper center")
+        ax.legend(fontsize=8, ncols=len(ax.get_legend_handles_labels()[1]), loc="upper center",
+                  columnspacing=1.0, handlelength=1.5)
 
     ax_tput.set_title(d.throughput_title, fontsize=10)
     if d.throughput_steps:
@@ -319,6 +325,8 @@ def _base_figure() -> Any:
     fig.add_trace(go.Bar(name="communication", offsetgroup="time", marker_color=_ORANGE), row=1, col=2)
     fig.add_trace(go.Bar(name="memory now", offsetgroup="now", marker_color=_BLUE), row=2, col=1)
     fig.add_trace(go.Bar(name="memory peak", offsetgroup="peak", marker_color=_ORANGE), row=2, col=1)
+    fig.add_trace(go.Bar(name="model+optimizer", offsetgroup="state", marker_color=_GREEN,
+                         texttemplate="%{y:.1f}", textposition="outside", cliponaxis=False), row=2, col=1)
     fig.add_trace(go.Scatter(name="throughput", mode="lines", line=dict(color=_BLUE), showlegend=False), row=2, col=2)
     fig.update_layout(
         height=520,
@@ -420,7 +428,8 @@ class Dashboard:
     @property
     def figure(self) -> Any:
         """The plotly ``FigureWidget`` (:func:`live_figure`); traces:
-        loss min, loss max, loss mean, compute, comm, memory now, memory peak, throughput."""
+        loss min, loss max, loss mean, compute, comm, memory now, memory peak, model+optimizer state,
+        throughput."""
         return self._fig
 
     @property
@@ -532,17 +541,17 @@ class Dashboard:
         """Send the run's current data, lines thinned to :data:`MAX_POINTS` (a long run would resend every step)."""
         d = panel_data(self.run)
         fig = self._fig
-        lo, hi, mean, compute, comm, mem, peak, tput = fig.data
+        lo, hi, mean, compute, comm, mem, peak, state, tput = fig.data
         titles = fig.layout.annotations  # the subplot titles, in panel order
         with fig.batch_update():
             titles[0].text, titles[2].text, titles[3].text = d.loss_name or "loss", d.mem_title, d.throughput_title
             lo.x, lo.y = thin(d.loss_steps, d.loss_min, min)
             hi.x, hi.y = thin(d.loss_steps, d.loss_max, max)
             mean.x, mean.y = thin(d.loss_steps, d.loss_mean)
-            compute.x = comm.x = mem.x = peak.x = d.rank_labels
+            compute.x = comm.x = mem.x = peak.x = state.x = d.rank_labels
             compute.y, comm.y = d.compute_s, d.comm_s
             comm.base = [c or 0.0 for c in d.compute_s]
-            mem.y, peak.y = d.mem_mib, d.mem_peak_mib
+            mem.y, peak.y, state.y = d.mem_mib, d.mem_peak_mib, d.state_mib
             tput.x, tput.y = thin(d.throughput_steps, d.throughput)
 
 

@@ -75,6 +75,7 @@ def _config_from(args: Any) -> cl.ClusterConfig:
             timeout=args.timeout if args.timeout is not None else 60.0,
             start_timeout=args.start_timeout,
             threads=args.threads,
+            precision=args.precision or "fp32",
         )
         cfg.validate()
     except ValueError as exc:
@@ -106,7 +107,7 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @argument("-n", type=int, default=None, help="Number of CPU ranks (gloo). Starts a cluster if none runs.")
     @argument("--gpus", type=int, default=None, help="Number of ranks with one CUDA GPU each (NCCL).")
-    @argument("--backend", default=None, help="Training backend on the ranks (default: ddp).")
+    @argument("--backend", default=None, help="Training backend on the ranks: ddp (default), fsdp or horovod.")
     @argument("--targets", default=None, help="Ranks to run this cell on: 0, 0,2, 1-3 or all (default: all).")
     @argument("--output", default="rank0", choices=["rank0", "all", "none"],
               help="Whose stdout/stderr to show: rank0 (live, default), all (every rank, lines labelled by rank), none.")
@@ -115,6 +116,9 @@ class DistributedMagics(Magics):
     @argument("--timeout", type=float, default=None, help="Process-group timeout in seconds (default 60).")
     @argument("--start-timeout", type=float, default=120.0, help="Seconds to wait for ranks to start (default 120).")
     @argument("--threads", type=int, default=None, help="torch threads per CPU rank (default: cores / ranks).")
+    @argument("--precision", default=None, choices=["fp32", "bf16", "fp16"],
+              help="Autocast precision of prepared models (fp16 adds a GradScaler; jdist.backward applies it). "
+                   "Kept for later cells; changing it needs no restart.")
     @argument("--run-dir", default=None, help="Folder for run logs (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
@@ -161,12 +165,16 @@ class DistributedMagics(Magics):
                     f"A cluster is running with different options: {'; '.join(conflicts)}. "
                     "Add --restart to replace it (rank state is lost), or drop these options to reuse it."
                 )
+            if args.precision is not None and args.precision != running.config.precision:
+                running.set_precision(args.precision)
+                _say(f"Precision is now {args.precision} on all ranks (prepared models included).")
             return running
         if running is not None:  # --restart: options not given are kept
             if args.n is None and args.gpus is None:
                 args.n, args.gpus = (None, running.config.n) if running.config.gpus else (running.config.n, None)
             args.backend = args.backend or running.config.backend
             args.timeout = running.config.timeout if args.timeout is None else args.timeout
+            args.precision = args.precision or running.config.precision
         elif args.n is None and args.gpus is None:
             raise UsageError("No cluster is running: start one with %%distributed -n 2 (CPU ranks) or --gpus N.")
         cfg = _config_from(args)
@@ -258,7 +266,8 @@ def format_status(status: dict[str, Any]) -> str:
     kind = "GPU" if cfg["gpus"] else "CPU"
     lines = [
         f"jdist cluster {status['cluster_id']}: {cfg['n']} {kind} rank(s), backend {cfg['backend']}, "
-        f"process-group timeout {cfg['timeout']:g} s, up {status['uptime_s']:.0f} s",
+        f"precision {cfg.get('precision', 'fp32')}, process-group timeout {cfg['timeout']:g} s, "
+        f"up {status['uptime_s']:.0f} s",
         f"{'rank':>4}  {'host':<16} {'pid':>8}  {'device':<8} {'state':<5}",
     ]
     for r in status["ranks"]:

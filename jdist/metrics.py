@@ -26,16 +26,20 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 #: Automatic metrics added to every record by the rank runtime (``None`` when unknown).
 AUTO_METRICS: dict[str, str] = {
     "step_time_s": "wall time since the previous jdist.log call on this rank (first step: since the cell started)",
-    "comm_time_s": "wall time within the step during which a gradient all-reduce was in flight (DDP comm hook)",
+    "comm_time_s": "wall time within the step during which the backend communicated: DDP/Horovod gradient "
+    "all-reduces, FSDP all-gathers and reduce-scatters (intervals in flight, overlaps counted once)",
     "compute_time_s": "step_time_s - comm_time_s",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",
     "mem_peak_bytes": "peak CUDA memory allocated on GPU ranks; peak process RSS on CPU ranks",
-    "samples_per_s": "batch_size / step_time_s on this rank, when a batch size is known",
+    "samples_per_s": "batch_size x batches since the previous log (training forwards of prepared models, at "
+    "least 1) / step_time_s on this rank, when a batch size is known",
+    "state_bytes": "bytes this rank holds of the prepared models' parameters and gradients and the prepared "
+    "optimizers' state (local shards under FSDP)",
 }
 
 #: Keys every record has besides the automatic metrics; user scalars may not use them.
@@ -87,6 +91,7 @@ class Run:
     status: str = "running"
     error: str | None = None
     path: Path | None = None
+    cluster_id: str | None = None  # the ipyparallel cluster that ran it (links runs to clusters)
     records: list[dict[str, Any]] = field(default_factory=list)
     _seen: set[tuple[int, int, int]] = field(default_factory=set, repr=False)
     _by_metric: dict[str, dict[Any, dict[int, float]]] = field(
@@ -149,8 +154,12 @@ class Run:
             highs.append(max(vals))
         return steps, means, lows, highs
 
-    def per_rank_mean(self, metric: str, last: int | None = None) -> dict[int, float]:
-        """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank."""
+    def per_rank_mean(self, metric: str, last: int | None = None, skip_first: bool = False) -> dict[int, float]:
+        """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank.
+
+        ``skip_first``: leave out each rank's first step when it has others (the first
+        ``step_time_s`` counts from the start of the cell, set-up code included).
+        """
         values: dict[int, list[float]] = defaultdict(list)
         per_step = self._by_metric.get(metric, {})
         for s in sorted(per_step, key=lambda x: (x is None, x)):
@@ -158,6 +167,8 @@ class Run:
                 values[rank].append(v)
         out = {}
         for rank, vals in values.items():
+            if skip_first and len(vals) > 1:
+                vals = vals[1:]
             vals = [v for v in (vals[-last:] if last else vals) if not math.isnan(v)]
             if vals:
                 out[rank] = sum(vals) / len(vals)
@@ -201,6 +212,7 @@ class Run:
             "status": self.status,
             "error": self.error,
             "records": len(self.records),
+            "cluster_id": self.cluster_id,
         }
 
     def summary(self) -> str:
@@ -217,8 +229,8 @@ class Run:
             steps, mean, lo, hi = self.aggregate(name)
             if steps:
                 lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) at step {steps[-1]}")
-        st = self.per_rank_mean("step_time_s")
-        ct = self.per_rank_mean("comm_time_s")
+        st = self.per_rank_mean("step_time_s", skip_first=True)
+        ct = self.per_rank_mean("comm_time_s", skip_first=True)
         if st:
             parts = ", ".join(
                 f"r{r} {st[r] * 1e3:.1f} ms (comm {ct.get(r, 0.0) * 1e3:.1f})" for r in sorted(st)
@@ -229,6 +241,10 @@ class Run:
             kind = "GPU" if self.device_kind == "cuda" else "host RSS"
             parts = ", ".join(f"r{r} {v / 2**20:.0f} MiB" for r, v in mem.items() if v)
             lines.append(f"  peak memory ({kind}): {parts}")
+        state = {r: self._latest[r].get("state_bytes") for r in self.ranks}
+        if any(v for v in state.values()):
+            parts = ", ".join(f"r{r} {_size(v)}" for r, v in state.items() if v)
+            lines.append(f"  model + optimizer state: {parts}")
         if self.path:
             lines.append(f"  run log: {self.path}")
         return "\n".join(lines)
@@ -272,34 +288,83 @@ class RunLog:
         self.write_meta()
 
 
+def _size(n: float) -> str:
+    """Bytes in KiB/MiB/GiB, one decimal.
+
+    >>> _size(512), _size(3 * 2**20), _size(1.5 * 2**30)
+    ('0.5 KiB', '3.0 MiB', '1.5 GiB')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
 def read_run(path: str | os.PathLike) -> Run:
     """Load a run folder written by :class:`RunLog` (also while it is still being written)."""
-    path = Path(path)
-    meta = json.loads((path / "meta.json").read_text())
-    run = Run(
-        run_id=meta["run_id"],
-        world_size=meta["world_size"],
-        backend=meta.get("backend", ""),
-        device_kind=meta.get("device_kind", "cpu"),
-        code=meta.get("code", ""),
-        total_steps=meta.get("total_steps"),
-        started=meta.get("started", 0.0),
-        ended=meta.get("ended"),
-        status=meta.get("status", "unknown"),
-        error=meta.get("error"),
-        path=path,
-    )
-    run.add(_read_jsonl(path / "metrics.jsonl"))
-    return run
+    return RunReader(path).update()
 
 
-def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.endswith("\n"):  # a line still being written has no newline yet
-                yield json.loads(line)
+class RunReader:
+    """Follows a run folder while it is written: each :meth:`update` re-reads ``meta.json``
+    if it changed and only the new complete lines of ``metrics.jsonl``.
+
+    >>> import tempfile
+    >>> log = RunLog(Run("r2", 1), tempfile.mkdtemp())
+    >>> reader = RunReader(log.path)
+    >>> log.append([{"rank": 0, "seq": 0, "step": 0, "loss": 0.5}])
+    >>> reader.update().count()
+    1
+    >>> log.append([{"rank": 0, "seq": 1, "step": 1, "loss": 0.4}]); log.close()
+    >>> run = reader.update(); run.count(), run.status
+    (2, 'running')
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.run: Run | None = None
+        self._offset = 0
+        self._meta_stamp: tuple[int, int] | None = None
+
+    def update(self) -> Run:
+        """The run with everything written so far (the same :class:`Run` object each time)."""
+        st = (self.path / "meta.json").stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        if self.run is None or stamp != self._meta_stamp:
+            meta = json.loads((self.path / "meta.json").read_text())
+            self._meta_stamp = stamp
+            fields = dict(
+                backend=meta.get("backend", ""),
+                device_kind=meta.get("device_kind", "cpu"),
+                code=meta.get("code", ""),
+                total_steps=meta.get("total_steps"),
+                started=meta.get("started", 0.0),
+                ended=meta.get("ended"),
+                status=meta.get("status", "unknown"),
+                error=meta.get("error"),
+                cluster_id=meta.get("cluster_id"),
+            )
+            if self.run is None:
+                self.run = Run(run_id=meta["run_id"], world_size=meta["world_size"], path=self.path, **fields)
+            else:
+                for name, value in fields.items():
+                    setattr(self.run, name, value)
+        records, self._offset = read_records(self.path / "metrics.jsonl", self._offset)
+        self.run.add(records)
+        return self.run
+
+
+def read_records(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete JSON lines of a ``metrics.jsonl`` from byte ``offset`` on, and the offset
+    after the last complete line (a line still being written has no newline yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
 
 
 def list_runs(root: str | os.PathLike | None = None) -> list[Path]:

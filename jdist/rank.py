@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import checkpoint
 from .backends import Backend, CommTimer, RankContext, get_backend
 from .metrics import RESERVED
 
@@ -61,6 +62,7 @@ class _State:
     t_last: float = 0.0
     batch_size: int | None = None
     total_steps: int | None = None
+    forwards_seen: int = 0  # training forwards counted by jdist.training at the previous log
 
 
 _state = _State()
@@ -113,6 +115,9 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
     backend = get_backend(config["backend"])()
     backend.setup(ctx, _state.timer)
     _state.ctx, _state.backend, _state.backend_name = ctx, backend, config["backend"]
+    from . import training  # imports torch: ranks only
+
+    training.configure(backend, config.get("precision") or "fp32")
 
     from IPython import get_ipython
 
@@ -195,41 +200,40 @@ def _require_ctx() -> RankContext:
     return _state.ctx
 
 
-def prepare(*objs: Any, batch_size: int | None = None, **options: Any) -> Any:
-    """Wrap models (and optimizers) for the cluster's backend; return them in the order given.
+def prepare(*objs: Any, batch_size: int | None = None, grad_accum: int | None = None, **options: Any) -> Any:
+    """Prepare models, optimizers, LR schedulers and data loaders for the cluster's backend;
+    return them in the order given (one object: returned alone).
 
-    Modules are moved to the rank's device and wrapped (DDP: ``DistributedDataParallel``
-    with a timing communication hook). Optimizers go to the backend's
-    ``prepare_optimizer``. A ``DataLoader`` is returned unchanged; its batch size is used
-    for samples/s. ``options`` go to the model wrapper (e.g. ``find_unused_parameters``).
+    The same call works under every backend: ``ddp`` wraps the model in
+    ``DistributedDataParallel``; ``fsdp`` shards it with ``fully_shard`` and points the
+    optimizer at the shards; ``horovod`` broadcasts rank 0's parameters and makes the
+    optimizer a ``DistributedOptimizer``. Optimizers come back as
+    :class:`jdist.training.PreparedOptimizer`, schedulers step only when the optimizer did,
+    and a ``DataLoader`` comes back as a :class:`jdist.data.ResumableLoader` whose batch
+    size is used for samples/s. ``grad_accum=K``: one optimizer step per K micro-batches
+    (gradient sync only on the K-th). Other ``options`` go to the backend's model wrapper
+    (DDP: e.g. ``find_unused_parameters``; FSDP: ``shard``, ``reshard_after_forward``,
+    ``param_dtype``, ``reduce_dtype``, ``cpu_offload``) or, for Horovod, its optimizer
+    (``compression="fp16"``).
 
-    >>> model = jdist.prepare(nn.Linear(8, 1))                # doctest: +SKIP
-    >>> model, opt = jdist.prepare(model, opt)                # doctest: +SKIP
+    >>> model = jdist.prepare(nn.Linear(8, 1))                          # doctest: +SKIP
+    >>> model, opt, loader = jdist.prepare(model, opt, loader, grad_accum=4)  # doctest: +SKIP
     """
-    import torch
+    from . import training
 
     _require_ctx()
     backend = _state.backend
-    assert backend is not None
+    assert backend is not None and _state.ctx is not None
     if not objs:
         raise TypeError("jdist.prepare needs at least one object, e.g. model = jdist.prepare(model)")
     if batch_size is not None:
         _state.batch_size = int(batch_size)
-    out = []
-    for obj in objs:
-        if isinstance(obj, torch.nn.Module):
-            out.append(backend.prepare_model(obj, **options))
-        elif isinstance(obj, torch.optim.Optimizer):
-            out.append(backend.prepare_optimizer(obj))
-        elif isinstance(obj, torch.utils.data.DataLoader):
-            if obj.batch_size is not None and _state.batch_size is None:
-                _state.batch_size = int(obj.batch_size)
-            out.append(obj)
-        else:
-            raise TypeError(
-                f"jdist.prepare does not know what to do with a {type(obj).__name__}; "
-                "pass torch.nn.Module, torch.optim.Optimizer or DataLoader objects."
-            )
+    from .data import ResumableLoader
+
+    out = training.prepare(backend, _state.ctx.device, objs, grad_accum=grad_accum, **options)
+    for obj in out:
+        if isinstance(obj, ResumableLoader) and obj.batch_size is not None and _state.batch_size is None:
+            _state.batch_size = int(obj.batch_size)
     return out[0] if len(out) == 1 else tuple(out)
 
 
@@ -273,6 +277,11 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
     comm_time = min(st.timer.take(), step_time)
     if batch_size is not None:
         st.batch_size = int(batch_size)
+    train = _training()._train
+    # batches since the previous log: one per training forward of a prepared model (several
+    # with gradient accumulation or when logging every N steps), else one
+    batches = max(1, train.forwards - st.forwards_seen)
+    st.forwards_seen = train.forwards
     mem, peak = _memory(ctx)
     rec.update(
         step_time_s=step_time,
@@ -280,13 +289,22 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
         compute_time_s=step_time - comm_time,
         mem_bytes=mem,
         mem_peak_bytes=peak,
-        samples_per_s=(st.batch_size / step_time) if st.batch_size and step_time > 0 else None,
+        samples_per_s=(st.batch_size * batches / step_time) if st.batch_size and step_time > 0 else None,
+        state_bytes=_training().state_bytes(),
     )
     st.seq += 1
     (st.first if len(st.first) < KEEP_FIRST else st.latest).append(rec)
     st.pending.append(rec)
     if now - st.last_flush >= FLUSH_INTERVAL:
         _flush()
+    if checkpoint._auto is not None:
+        checkpoint.on_log(rec["step"])
+
+
+def _training() -> Any:
+    from . import training  # after setup it is in sys.modules: cheap
+
+    return training
 
 
 def _number(name: str, value: Any) -> float | int:
@@ -336,6 +354,8 @@ def _pre_cell(info: Any = None) -> None:
     st.latest = deque(maxlen=KEEP_LAST)
     st.pending = []
     st.total_steps = None
+    if st.ctx is not None:
+        st.forwards_seen = _training()._train.forwards
     st.timer.take()
     st.t_last = st.last_flush = time.perf_counter()
     if st.ctx is not None and st.ctx.device.type == "cuda":
@@ -368,6 +388,7 @@ def records(cell: int, seqs: list[int]) -> list[dict[str, Any]]:
 
 def teardown() -> None:
     """Release the backend on this rank (called by the cluster before it stops)."""
+    checkpoint.checkpoint_every(None)
     if _state.backend is not None:
         _state.backend.teardown()
     _state.backend = None

@@ -151,6 +151,7 @@ class _Collector:
                 backend=cfg.backend,
                 device_kind="cuda" if cfg.gpus else "cpu",
                 code=self.code,
+                cluster_id=self.cluster.cluster_id,
             )
             _runs.append(self.run)
             self.log = RunLog(self.run, self.run_dir)

@@ -105,6 +105,12 @@ class KernelSession:
         self.km.shutdown_kernel(now=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Kernel connection files and jdist cluster state files go to a temporary runtime dir, not ~."""
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("jupyter-runtime"))
+
+
 @pytest.fixture(scope="session")
 def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("kernel")

@@ -19,7 +19,7 @@ from jdist.metrics import Run
 REPO = Path(__file__).resolve().parents[1]
 RANKS, STEPS = 2, 30
 MIB = 2**20
-BLUE, ORANGE = "#1f77b4", "#ff7f0e"
+BLUE, ORANGE, GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 
 
 def values(rank: int, step: int) -> dict[str, float]:
@@ -33,6 +33,7 @@ def values(rank: int, step: int) -> dict[str, float]:
         "compute_time_s": compute,
         "mem_bytes": (100 + 10 * rank + step) * MIB,
         "mem_peak_bytes": (200 + 20 * rank + step) * MIB,
+        "state_bytes": (50 - 10 * rank) * MIB,
         "samples_per_s": 32.0 / (compute + comm),
     }
 
@@ -97,7 +98,8 @@ def test_step_time_bars_per_rank(dash):
 
 
 def test_memory_bars_in_mib(dash):
-    now, peak = dash.figure.data[5:7]
+    now, peak, state = dash.figure.data[5:8]
+    assert list(state.y) == pytest.approx([50 - 10 * r for r in range(RANKS)])
     assert list(now.y) == pytest.approx([100 + 10 * r + STEPS - 1 for r in range(RANKS)])
     assert list(peak.y) == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
     assert dash.figure.layout.annotations[2].text == "host memory RSS (MiB)"
@@ -120,16 +122,16 @@ def test_units_in_subplot_titles_not_on_y_axes(dash):
 
 
 def test_colours_match_the_png(dash):
-    lo, hi, avg, compute, comm, mem, peak, tput = dash.figure.data
+    lo, hi, avg, compute, comm, mem, peak, state, tput = dash.figure.data
     assert (compute.marker.color, comm.marker.color) == (BLUE, ORANGE)
-    assert (mem.marker.color, peak.marker.color) == (BLUE, ORANGE)
+    assert (mem.marker.color, peak.marker.color, state.marker.color) == (BLUE, ORANGE, GREEN)
     assert avg.line.color == tput.line.color == BLUE
     from matplotlib.colors import to_hex
 
     ax_loss, ax_time, ax_mem, ax_tput = static_figure(dash.run).axes
     bars = [to_hex(b.get_facecolor()) for b in ax_time.patches]
     assert bars == [BLUE] * RANKS + [ORANGE] * RANKS
-    assert [to_hex(b.get_facecolor()) for b in ax_mem.patches] == bars
+    assert [to_hex(b.get_facecolor()) for b in ax_mem.patches] == bars + [GREEN] * RANKS
     assert to_hex(ax_loss.lines[0].get_color()) == to_hex(ax_tput.lines[0].get_color()) == BLUE
 
 
@@ -148,7 +150,7 @@ def test_png_legends_leave_the_bars_free():
 
 
 def test_throughput_is_sum_over_ranks(dash):
-    tput = dash.figure.data[7]
+    tput = dash.figure.data[8]
     # step 0 is left out: its step_time_s (and samples_per_s) covers the time since the cell started
     assert list(tput.x) == list(range(1, STEPS))
     assert list(tput.y) == pytest.approx([sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(1, STEPS)])
@@ -161,13 +163,13 @@ def test_throughput_leaves_out_each_ranks_first_record():
     run.add([{"rank": 0, "seq": 0, "step": 0, "samples_per_s": 1.0}])
     d = Dashboard(run)
     d.update(force=True)
-    assert list(d.figure.data[7].x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
+    assert list(d.figure.data[8].x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
     run.add([{"rank": 0, "seq": 1, "step": 1, "samples_per_s": 100.0},
               {"rank": 1, "seq": 0, "step": 1, "samples_per_s": 2.0},  # rank 1 logs its first step later
               {"rank": 0, "seq": 2, "step": 2, "samples_per_s": 100.0},
               {"rank": 1, "seq": 1, "step": 2, "samples_per_s": 100.0}])
     d.update(force=True)
-    assert (list(d.figure.data[7].x), list(d.figure.data[7].y)) == ([2], [200.0])
+    assert (list(d.figure.data[8].x), list(d.figure.data[8].y)) == ([2], [200.0])
     d.finish()
 
 
@@ -176,7 +178,7 @@ def test_throughput_falls_back_to_steps_per_s():
     run.add({"rank": 0, "seq": i, "step": s, "step_time_s": 0.5} for i, s in enumerate([0, 2, 4]))
     d = Dashboard(run)
     d.update(force=True)
-    tput = d.figure.data[7]
+    tput = d.figure.data[8]
     assert list(tput.x) == [2, 4]  # step 0 left out: its step time includes the cell's start-up
     assert list(tput.y) == pytest.approx([4.0, 4.0])  # 2 steps per 0.5 s
     assert d.figure.layout.annotations[3].text == "throughput, steps/s"
@@ -189,7 +191,7 @@ def test_long_runs_are_thinned_in_the_live_figure_only():
     d = Dashboard(run)
     d.update(force=True)
     lo, hi, avg = d.figure.data[:3]
-    tput = d.figure.data[7]
+    tput = d.figure.data[8]
     size = 3  # ceil(2500 / 1000) consecutive steps per point
     assert len(avg.x) == len(lo.y) == len(hi.y) == 834 <= MAX_POINTS
     assert (avg.x[0], avg.x[1], avg.x[-1]) == (2, 5, steps - 1)  # each bucket at its last step

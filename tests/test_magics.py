@@ -41,6 +41,7 @@ def test_bad_options_are_one_line_errors(kernel):
         ("-n 2 --backend nope", "Unknown backend 'nope'"),
         ("-n 2 --gpus 2", "not both"),
         ("-n 2 --output loud", "invalid choice"),
+        ("-n 2 --precision fp8", "invalid choice"),
     ]:
         out = kernel.run(f"%%distributed {line}\nx = 1", allow_error=True)
         shown = out.traceback + out.stderr  # argparse errors come as IPython's UsageError on stderr
@@ -94,6 +95,18 @@ def test_conflicting_options_need_restart(cluster_kernel):
     # same options as running: reused, no restart
     out = cluster_kernel.run("%%distributed -n 2 --backend ddp\nprint('reused')")
     assert "Starting" not in out.stdout and "reused" in out.stdout
+
+
+def test_precision_changes_without_restart_and_applies_to_prepared_models(cluster_kernel):
+    cluster_kernel.run("%%distributed\nimport torch\nlin = jdist.prepare(torch.nn.Linear(4, 4))\nkept = 1")
+    out = cluster_kernel.run("%%distributed --precision bf16\n"
+                             "seen = []\nlin.module.register_forward_hook(lambda m, a, o: seen.append(o.dtype))\n"
+                             "print(lin(torch.ones(2, 4)).dtype, seen[0], kept)")
+    assert "Precision is now bf16" in out.stdout and "Starting" not in out.stdout
+    assert out.stdout.strip().endswith("torch.float32 torch.bfloat16 1")  # autocast inside, fp32 out, state kept
+    assert "precision bf16" in cluster_kernel.run("%dist status").stdout
+    out = cluster_kernel.run("%%distributed --precision fp32\nprint(lin(torch.ones(2, 4)).dtype)")
+    assert out.stdout.strip().endswith("torch.float32")
 
 
 def test_restart_loses_state_and_keeps_options(cluster_kernel):

@@ -111,3 +111,15 @@ def test_reserved_names_cover_record_keys(key):
     from jdist.metrics import RESERVED
 
     assert key in RESERVED
+
+
+def test_step_time_means_leave_out_each_ranks_first_step():
+    """The first step_time_s of a cell counts from the cell's start (set-up code included)."""
+    run = Run("r", 2)
+    run.add([rec(r, s, s, step_time_s=5.0 if s == 0 else 0.1, comm_time_s=0.01, state_bytes=2**20 * (r + 1))
+             for r in range(2) for s in range(5)])
+    assert run.per_rank_mean("step_time_s") == {0: pytest.approx(1.08), 1: pytest.approx(1.08)}
+    assert run.per_rank_mean("step_time_s", skip_first=True) == {0: pytest.approx(0.1), 1: pytest.approx(0.1)}
+    summary = run.summary()
+    assert "r0 100.0 ms (comm 10.0)" in summary
+    assert "model + optimizer state: r0 1.0 MiB, r1 2.0 MiB" in summary

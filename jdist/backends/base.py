@@ -14,10 +14,11 @@ Example (on a rank):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -85,9 +86,31 @@ class CommTimer:
 
 
 class Backend(ABC):
-    """One distributed training backend. Subclasses register with :func:`register_backend`."""
+    """One distributed training backend. Subclasses register with :func:`register_backend`.
+
+    The training helpers (:mod:`jdist.training`) and checkpoints (:mod:`jdist.checkpoint`)
+    are written once against this interface: a backend says how to wrap, how to skip
+    gradient sync on accumulation micro-steps, how to clip, which GradScaler to use and
+    whether its checkpoints are one file written by rank 0 or sharded.
+    """
 
     name: str = ""
+    #: ``"file"``: rank 0 writes one ``torch.save`` file (replicated state);
+    #: ``"sharded"``: every rank writes its shard (torch.distributed.checkpoint).
+    checkpoint_kind: str = "file"
+    #: Options of ``jdist.prepare`` meant for the optimizer wrapper (the rest go to the model's).
+    optimizer_options: tuple[str, ...] = ()
+    #: Gradients are averaged by the prepared optimizer (Horovod), not by the model wrapper.
+    averages_in_optimizer: bool = False
+    #: Set by :meth:`setup`.
+    ctx: RankContext | None = None
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this backend cannot run in this environment (with the fix), or None.
+
+        Checked in the kernel before any rank starts."""
+        return None
 
     @abstractmethod
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
@@ -101,19 +124,49 @@ class Backend(ABC):
     def prepare_model(self, model: Any, **options: Any) -> Any:
         """Move ``model`` to the rank's device and wrap it for this backend."""
 
-    def prepare_optimizer(self, optimizer: Any, **options: Any) -> Any:
-        """Wrap the optimizer if the backend needs it (default: unchanged)."""
+    def prepare_optimizer(self, optimizer: Any, model: Any = None, **options: Any) -> Any:
+        """Wrap the optimizer if the backend needs it (default: unchanged).
+
+        ``model`` is the prepared model the optimizer trains (None if none was given).
+        """
         return optimizer
+
+    def set_gradient_sync(self, model: Any, sync: bool) -> None:
+        """Whether the next backward pass of ``model`` synchronises gradients (accumulation)."""
+
+    def unwrap(self, model: Any) -> Any:
+        """The user's module inside the backend's wrapper (what a checkpoint stores)."""
+        return model
+
+    def synchronize(self, optimizer: Any) -> None:
+        """Finish the gradient reduction now (before clipping or unscaling); default: nothing to do."""
+
+    def step_context(self, optimizer: Any) -> Any:
+        """Context for ``optimizer.step()`` after :meth:`synchronize` (default: none)."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, model: Any, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip the global gradient norm across ranks; returns the norm before clipping."""
+        import torch
+
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type))
+
+    def grad_scaler(self) -> Any:
+        """A GradScaler for fp16 training on this backend."""
+        import torch
+
+        assert self.ctx is not None
+        return torch.amp.GradScaler(self.ctx.device.type)
 
     @abstractmethod
     def teardown(self) -> None:
         """Release the communication group; safe to call twice."""
 
 
-_REGISTRY: dict[str, Callable[[], Backend]] = {}
+_REGISTRY: dict[str, type[Backend]] = {}
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+def register_backend(name: str, factory: type[Backend]) -> None:
     """Make ``factory`` available as ``--backend name``."""
     _REGISTRY[name] = factory
 
@@ -123,7 +176,7 @@ def available_backends() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_backend(name: str) -> Callable[[], Backend]:
+def get_backend(name: str) -> type[Backend]:
     """The factory registered as ``name``; a ValueError naming the choices otherwise."""
     try:
         return _REGISTRY[name]

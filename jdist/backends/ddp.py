@@ -42,6 +42,13 @@ class DDPBackend(Backend):
         ddp.register_comm_hook(state=None, hook=self._timed_allreduce_hook())
         return ddp
 
+    def set_gradient_sync(self, model: Any, sync: bool) -> None:
+        # What DDP.no_sync() does; DDP reads the flag in forward, so it must be set before it.
+        model.require_backward_grad_sync = sync
+
+    def unwrap(self, model: Any) -> Any:
+        return getattr(model, "module", model)
+
     def _timed_allreduce_hook(self) -> Callable[[Any, Any], Any]:
         import torch
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

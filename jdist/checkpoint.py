@@ -1,0 +1,305 @@
+"""Checkpoints that resume training exactly, for every backend.
+
+:func:`save_checkpoint` is called on every rank with the same arguments. What it stores:
+model and optimizer state, optional LR scheduler, the fp16 GradScaler, every rank's RNG
+states (torch, CUDA, Python, NumPy), the data loader's epoch and position
+(:class:`jdist.data.ResumableLoader`), the step and any extra picklable values.
+
+- ddp, horovod (replicated state): rank 0 writes one ``torch.save`` file at ``path``.
+- fsdp (sharded state): ``path`` is a directory written by ``torch.distributed.checkpoint``,
+  each rank saving its own shards, plus ``jdist.pt`` with the rest.
+
+Both are written under a temporary name and renamed when complete, so a checkpoint
+that exists is whole. :func:`checkpoint_every` saves automatically every N logged steps.
+
+Example (inside ``%%distributed`` cells):
+    >>> jdist.save_checkpoint("ckpt/step-10", model=model, optimizer=opt, step=10, loader=loader)  # doctest: +SKIP
+    >>> state = jdist.load_checkpoint("ckpt/step-10", model=model, optimizer=opt, loader=loader)  # doctest: +SKIP
+    >>> state["step"]   # doctest: +SKIP
+    10
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+FORMAT = 1
+_META = "jdist.pt"
+
+
+def _ctx_backend() -> tuple[Any, Any]:
+    from . import rank
+
+    ctx = rank._require_ctx()
+    return ctx, rank._state.backend
+
+
+def _rng_state(ctx: Any) -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if ctx.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(ctx: Any, state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and ctx.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], ctx.device)
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    from .training import PreparedOptimizer
+
+    return optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+
+
+def _common(ctx: Any, step: int | None, scheduler: Any, loader: Any, extra: dict[str, Any],
+            backend_name: str) -> dict[str, Any]:
+    from . import training
+
+    scaler = training._train.scaler
+    return {
+        "format": FORMAT,
+        "backend": backend_name,
+        "world_size": ctx.world_size,
+        "step": step,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "loader": loader.state_dict() if loader is not None else None,
+        "precision": training._train.precision,
+        "extra": extra,
+    }
+
+
+def save_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: Any = None, step: int | None = None,
+                    scheduler: Any = None, loader: Any = None, **extra: Any) -> Path:
+    """Save a checkpoint of the training state at ``path`` (collective: call on every rank).
+
+    ``loader`` should be the object ``jdist.prepare`` returned for the DataLoader (it knows
+    its position). ``extra``: any picklable values, returned by :func:`load_checkpoint`.
+    Returns the path written.
+
+    >>> jdist.save_checkpoint("ckpt/step-10", model=model, optimizer=opt, step=10)  # doctest: +SKIP
+    """
+    from . import rank
+
+    ctx, backend = _ctx_backend()
+    if loader is not None and not hasattr(loader, "state_dict"):
+        raise TypeError("save_checkpoint(loader=...) takes the loader jdist.prepare returned: loader = jdist.prepare(loader).")
+    path = Path(path).absolute()
+    comm = ctx.comm
+    token = comm.bcast(uuid.uuid4().hex[:8] if ctx.rank == 0 else None, root=0)
+    tmp = path.with_name(f".{path.name}.tmp-{token}")
+    rngs = comm.gather(_rng_state(ctx), root=0)
+    common = _common(ctx, step, scheduler, loader, extra, rank._state.backend_name)
+    if backend.checkpoint_kind == "sharded":
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        opt = _inner_optimizer(optimizer)
+        msd, osd = get_state_dict(model, opt if opt is not None else [])
+        state: dict[str, Any] = {"model": msd}
+        if opt is not None:
+            state["optim"] = osd
+        dcp.save(state, checkpoint_id=str(tmp))
+        if ctx.rank == 0:
+            torch.save({**common, "rng": rngs, "has_optimizer": opt is not None}, tmp / _META)
+    elif ctx.rank == 0:
+        import torch
+
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        opt = _inner_optimizer(optimizer)
+        torch.save({
+            **common,
+            "model": backend.unwrap(model).state_dict() if model is not None else None,
+            "optimizer": opt.state_dict() if opt is not None else None,
+            "rng": rngs,
+        }, tmp)
+    comm.Barrier()
+    if ctx.rank == 0:
+        _replace(tmp, path)
+    comm.Barrier()
+    return path
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        tmp.rename(path)
+
+
+def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+                    loader: Any = None, restore_rng: bool = True) -> dict[str, Any]:
+    """Restore what :func:`save_checkpoint` saved into the given (prepared) objects, on every rank.
+
+    Returns ``{"step": ..., **extra}``. RNG states are restored per rank when the world
+    size matches (a warning is printed otherwise). The backend must be the one that saved.
+
+    >>> state = jdist.load_checkpoint("ckpt/step-10", model=model, optimizer=opt)  # doctest: +SKIP
+    """
+    import torch
+
+    from . import rank, training
+
+    ctx, backend = _ctx_backend()
+    path = Path(path).absolute()
+    seen = ctx.comm.allgather(path.exists())
+    if not all(seen):
+        missing = [r for r, ok in enumerate(seen) if not ok]
+        raise FileNotFoundError(
+            f"Checkpoint {path} is not visible on rank(s) {missing}. Give a path that exists and that "
+            "all ranks share (a shared filesystem on multi-node clusters); jdist.latest_checkpoint(dir) finds one."
+        )
+    sharded = path.is_dir()
+    if sharded != (backend.checkpoint_kind == "sharded"):
+        saved_kind = "sharded (fsdp)" if sharded else "single-file (ddp/horovod)"
+        raise ValueError(
+            f"{path} is a {saved_kind} checkpoint but this cluster runs --backend {rank._state.backend_name}; "
+            "load it under the backend that saved it."
+        )
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        meta = torch.load(path / _META, map_location="cpu", weights_only=False)
+        opt = _inner_optimizer(optimizer)
+        if opt is not None and not meta.get("has_optimizer"):
+            raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
+        msd, osd = get_state_dict(model, opt if opt is not None else [])
+        state: dict[str, Any] = {"model": msd}
+        if opt is not None:
+            state["optim"] = osd
+        dcp.load(state, checkpoint_id=str(path))
+        with _keeping_param_groups(opt):
+            set_state_dict(model, opt if opt is not None else [], model_state_dict=state["model"],
+                           optim_state_dict=state.get("optim", {}))
+    else:
+        meta = torch.load(path, map_location=ctx.device, weights_only=False)
+        if model is not None:
+            if meta.get("model") is None:
+                raise ValueError(f"{path} holds no model state; load it without model=.")
+            backend.unwrap(model).load_state_dict(meta["model"])
+        opt = _inner_optimizer(optimizer)
+        if opt is not None:
+            if meta.get("optimizer") is None:
+                raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
+            with _keeping_param_groups(opt):
+                opt.load_state_dict(meta["optimizer"])
+    if scheduler is not None and meta.get("scheduler") is not None:
+        scheduler.load_state_dict(meta["scheduler"])
+    if meta.get("scaler") is not None:
+        training._scaler().load_state_dict(meta["scaler"])
+    if loader is not None and meta.get("loader") is not None:
+        if not hasattr(loader, "load_state_dict"):
+            raise TypeError("load_checkpoint(loader=...) takes the loader jdist.prepare returned.")
+        loader.load_state_dict(meta["loader"])
+    if restore_rng and meta.get("rng"):
+        if len(meta["rng"]) == ctx.world_size:
+            _set_rng_state(ctx, meta["rng"][ctx.rank])
+        elif ctx.rank == 0:
+            print(f"jdist: {path} was saved by {len(meta['rng'])} ranks, this cluster has {ctx.world_size}: "
+                  "random number generator states were not restored.")
+    return {"step": meta.get("step"), **(meta.get("extra") or {})}
+
+
+@contextlib.contextmanager
+def _keeping_param_groups(optimizer: Any) -> Iterator[None]:
+    """``Optimizer.load_state_dict`` replaces the param-group dicts. A scheduler built on the
+    optimizer before ``jdist.prepare`` (or Horovod's wrapper, which shares them) would then
+    set the learning rate on stale dicts: copy the loaded values into the original ones."""
+    if optimizer is None:
+        yield
+        return
+    groups = optimizer.param_groups
+    originals = list(groups)
+    yield
+    for old, new in zip(originals, optimizer.param_groups):
+        if old is not new:
+            old.update(new)
+    groups[:] = originals
+    optimizer.param_groups = groups
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint in ``directory`` (by name, e.g. ``step-00000020``), or None.
+
+    >>> latest_checkpoint("/nonexistent") is None
+    True
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    done = [p for p in directory.iterdir() if not p.name.startswith(".")]
+    return max(done, key=lambda p: p.name) if done else None
+
+
+class _AutoCheckpoint:
+    def __init__(self, every: int, directory: Path, keep: int | None, objects: dict[str, Any]):
+        self.every, self.directory, self.keep, self.objects = every, directory, keep, objects
+        self.last: int | None = None
+
+    def maybe_save(self, step: Any) -> None:
+        if not isinstance(step, int) or step <= 0 or step % self.every or step == self.last:
+            return
+        self.last = step
+        save_checkpoint(self.directory / f"step-{step:08d}", step=step, **self.objects)
+        from . import rank
+
+        if self.keep and rank._require_ctx().rank == 0:
+            done = sorted(p for p in self.directory.iterdir() if p.name.startswith("step-"))
+            for old in done[: -self.keep]:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+_auto: _AutoCheckpoint | None = None
+
+
+def checkpoint_every(every: int | None, directory: str | os.PathLike | None = None, *, keep: int | None = 2,
+                     **objects: Any) -> None:
+    """Save a checkpoint every ``every`` steps, when ``jdist.log(step=...)`` logs a multiple of it.
+
+    Checkpoints go to ``directory/step-<step>``; the newest ``keep`` are kept (None: all).
+    ``objects``: what :func:`save_checkpoint` takes (model=, optimizer=, scheduler=, loader=...).
+    All ranks must log the same steps. ``checkpoint_every(None)`` turns it off.
+
+    >>> jdist.checkpoint_every(100, "ckpt", model=model, optimizer=opt, loader=loader)  # doctest: +SKIP
+    """
+    global _auto
+    if every is None:
+        _auto = None
+        return
+    if int(every) < 1 or directory is None:
+        raise ValueError("checkpoint_every(N, directory, model=..., optimizer=...): N >= 1 steps and a directory.")
+    _auto = _AutoCheckpoint(int(every), Path(directory).absolute(), keep, objects)
+
+
+def on_log(step: Any) -> None:
+    """Called by ``jdist.log`` with each logged step (automatic checkpoints)."""
+    if _auto is not None:
+        _auto.maybe_save(step)

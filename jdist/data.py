@@ -1,0 +1,119 @@
+"""Data loaders that remember where they are, so a checkpoint can resume mid-epoch.
+
+``jdist.prepare(loader)`` returns a :class:`ResumableLoader`: it iterates exactly like the
+DataLoader it wraps and counts the batches handed out in the current epoch.
+``jdist.save_checkpoint(..., loader=loader)`` stores ``{"epoch", "position"}``;
+``jdist.load_checkpoint(..., loader=loader)`` sets the sampler's epoch and makes the next
+pass over that epoch skip the batches already trained on (without loading them).
+
+Exact resume needs a sampler whose order depends only on the epoch, such as
+``DistributedSampler`` (seed + epoch), which is what distributed loaders use anyway.
+
+Example (on a rank):
+    >>> loader = jdist.prepare(DataLoader(ds, batch_size=32, sampler=DistributedSampler(ds)))  # doctest: +SKIP
+    >>> for epoch in range(start_epoch, epochs):   # doctest: +SKIP
+    ...     loader.set_epoch(epoch)
+    ...     for xb, yb in loader: ...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+
+class _SkipBatches:
+    """A batch sampler that leaves out the first ``skip`` batches of another."""
+
+    def __init__(self, batch_sampler: Any, skip: int):
+        self.batch_sampler, self.skip = batch_sampler, skip
+
+    def __iter__(self) -> Iterator[Any]:
+        for i, batch in enumerate(self.batch_sampler):
+            if i >= self.skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+
+class ResumableLoader:
+    """A DataLoader wrapper with ``epoch``/``position`` state (see the module doc).
+
+    Attributes of the wrapped loader (``dataset``, ``batch_size``, ``sampler``...) are
+    reachable as usual; ``loader.loader`` is the DataLoader itself.
+    """
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+        self.epoch = int(getattr(loader.sampler, "epoch", 0))
+        self.position = 0  # batches handed out in the current pass
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) after a load
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``: ``sampler.set_epoch`` (reshuffles a DistributedSampler)."""
+        sampler = self.loader.sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = int(getattr(self.loader.sampler, "epoch", self.epoch))
+        self.epoch = epoch
+        skip = 0
+        if self._resume is not None:
+            resume_epoch, resume_skip = self._resume
+            if resume_epoch == epoch:
+                skip = resume_skip
+            self._resume = None
+        self.position = skip
+        source = self._skipping(skip) if skip else iter(self.loader)
+        for batch in source:
+            self.position += 1
+            yield batch
+        if not hasattr(self.loader.sampler, "epoch"):
+            self.epoch += 1
+
+    def _skipping(self, skip: int) -> Iterator[Any]:
+        import torch
+
+        ld = self.loader
+        if ld.batch_sampler is None:
+            raise ValueError(
+                "This DataLoader has no batch sampler (batch_size=None), so jdist cannot skip to the resumed "
+                "position. Give it a batch_size, or resume at the start of an epoch."
+            )
+        clone = torch.utils.data.DataLoader(
+            ld.dataset, batch_sampler=_SkipBatches(ld.batch_sampler, skip), num_workers=ld.num_workers,
+            collate_fn=ld.collate_fn, pin_memory=ld.pin_memory, timeout=ld.timeout,
+            worker_init_fn=ld.worker_init_fn, multiprocessing_context=ld.multiprocessing_context,
+            generator=ld.generator, persistent_workers=ld.persistent_workers,
+            **({"prefetch_factor": ld.prefetch_factor} if ld.num_workers > 0 else {}),
+        )
+        # Starting a DataLoader iterator draws a seed from the global RNG. The interrupted run
+        # drew it at the start of this epoch, before the checkpoint's RNG state was taken:
+        # drawing again now would shift every random number after the resume.
+        rng = torch.get_rng_state()
+        it = iter(clone)
+        torch.set_rng_state(rng)
+        return it
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": e, "position": batches already handed out in epoch e}``."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: set the epoch, and skip ``position`` batches on the next pass over it."""
+        self.set_epoch(int(state["epoch"]))
+        self._resume = (int(state["epoch"]), int(state["position"]))
+        self.position = int(state["position"])
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __repr__(self) -> str:
+        return f"ResumableLoader({self.loader!r}, epoch={self.epoch}, position={self.position})"

@@ -1,0 +1,274 @@
+/**
+ * Small SVG charts drawn from plain arrays: sparklines for the sidebar and the four panels of
+ * the run view (the notebook dashboard's: loss mean with min-max band, compute vs communication
+ * per rank, memory per rank, throughput). Colours match the notebook dashboard.
+ */
+import { fmt } from './dom';
+
+const SVG = 'http://www.w3.org/2000/svg';
+export const BLUE = '#1f77b4';
+export const ORANGE = '#ff7f0e';
+export const GREEN = '#2ca02c';
+
+type Num = number | null | undefined;
+
+function s<K extends keyof SVGElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string | number> = {},
+  text?: string
+): SVGElementTagNameMap[K] {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    el.setAttribute(k, String(v));
+  }
+  if (text !== undefined) {
+    el.textContent = text;
+  }
+  return el;
+}
+
+function ok(v: Num): v is number {
+  return v !== null && v !== undefined && isFinite(v);
+}
+
+function extent(values: Num[]): [number, number] | null {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (ok(v)) {
+      lo = Math.min(lo, v);
+      hi = Math.max(hi, v);
+    }
+  }
+  return lo <= hi ? [lo, hi] : null;
+}
+
+/** About `count` round tick values covering [lo, hi]. */
+export function niceTicks(lo: number, hi: number, count = 5): number[] {
+  if (!(hi > lo)) {
+    const pad = Math.abs(lo) * 0.1 || 1;
+    lo -= pad;
+    hi += pad;
+  }
+  const raw = (hi - lo) / Math.max(1, count);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(st => st >= raw) ?? 10 * mag;
+  const first = Math.ceil(lo / step - 1e-9) * step;
+  const ticks: number[] = [];
+  for (let v = first; v <= hi + step * 1e-9; v += step) {
+    ticks.push(Math.abs(v) < step * 1e-9 ? 0 : Number(v.toPrecision(12)));
+  }
+  return ticks;
+}
+
+/** Path "d" through (x, y) points, broken where y is missing. */
+function linePath(xs: number[], ys: Num[], sx: (x: number) => number, sy: (y: number) => number): string {
+  let d = '';
+  let pen = false;
+  xs.forEach((x, i) => {
+    const y = ys[i];
+    if (!ok(y)) {
+      pen = false;
+      return;
+    }
+    d += `${pen ? 'L' : 'M'}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`;
+    pen = true;
+  });
+  return d;
+}
+
+/** A sparkline: `data-points` holds the number of points drawn (tests read it). */
+export function sparkline(
+  xs: number[],
+  ys: Num[],
+  opts: { width?: number; height?: number; color?: string; label: string }
+): SVGSVGElement {
+  const width = opts.width ?? 120;
+  const height = opts.height ?? 30;
+  const svg = s('svg', {
+    width,
+    height,
+    viewBox: `0 0 ${width} ${height}`,
+    class: 'jp-jdist-spark',
+    role: 'img',
+    'aria-label': opts.label
+  });
+  const points = ys.filter(ok).length;
+  svg.dataset.points = String(points);
+  svg.dataset.lastX = xs.length ? String(xs[xs.length - 1]) : '';
+  svg.appendChild(s('title', {}, opts.label));
+  const ex = extent(ys);
+  if (!ex || xs.length === 0) {
+    svg.appendChild(s('line', { x1: 2, x2: width - 2, y1: height / 2, y2: height / 2, class: 'jp-jdist-spark-empty' }));
+    return svg;
+  }
+  const [x0, x1] = [xs[0], xs[xs.length - 1]];
+  const sx = (x: number) => 2 + ((x - x0) / (x1 - x0 || 1)) * (width - 4);
+  const sy = (y: number) => height - 3 - ((y - ex[0]) / (ex[1] - ex[0] || 1)) * (height - 6);
+  svg.appendChild(
+    s('path', { d: linePath(xs, ys, sx, sy), fill: 'none', stroke: opts.color ?? BLUE, 'stroke-width': 1.5, class: 'jp-jdist-spark-line' })
+  );
+  const last = [...ys.keys()].reverse().find(i => ok(ys[i]));
+  if (last !== undefined) {
+    svg.appendChild(s('circle', { cx: sx(xs[last]), cy: sy(ys[last] as number), r: 2, fill: opts.color ?? BLUE }));
+  }
+  return svg;
+}
+
+interface IFrame {
+  svg: SVGSVGElement;
+  plot: { left: number; top: number; width: number; height: number };
+}
+
+const MARGIN = { left: 52, right: 12, top: 26, bottom: 30 };
+
+function frame(width: number, height: number, title: string, legend: [string, string][]): IFrame {
+  const svg = s('svg', { width, height, viewBox: `0 0 ${width} ${height}`, class: 'jp-jdist-chart', role: 'img', 'aria-label': title });
+  svg.appendChild(s('text', { x: 4, y: 14, class: 'jp-jdist-chart-title' }, title));
+  // legend right of the title, or on its own line when both do not fit (estimated text widths)
+  const legendWidth = legend.reduce((acc, [name]) => acc + name.length * 6.2 + 22, 0);
+  const ownLine = title.length * 7.2 + legendWidth + 16 > width;
+  const ly = ownLine ? 30 : 14;
+  let lx = width - MARGIN.right;
+  for (const [name, color] of [...legend].reverse()) {
+    svg.appendChild(s('text', { x: lx, y: ly, 'text-anchor': 'end', class: 'jp-jdist-chart-legend' }, name));
+    lx -= name.length * 6.2 + 4;
+    svg.appendChild(s('rect', { x: lx - 10, y: ly - 8, width: 10, height: 10, fill: color, rx: 1 }));
+    lx -= 18;
+  }
+  const top = MARGIN.top + (ownLine ? 16 : 0);
+  const plot = {
+    left: MARGIN.left,
+    top,
+    width: Math.max(20, width - MARGIN.left - MARGIN.right),
+    height: Math.max(20, height - top - MARGIN.bottom)
+  };
+  return { svg, plot };
+}
+
+function yAxis(f: IFrame, lo: number, hi: number): (y: number) => number {
+  const ticks = niceTicks(lo, hi, Math.max(2, Math.floor(f.plot.height / 35)));
+  const y0 = Math.min(lo, ticks[0]);
+  const y1 = Math.max(hi, ticks[ticks.length - 1]);
+  const sy = (y: number) => f.plot.top + f.plot.height - ((y - y0) / (y1 - y0 || 1)) * f.plot.height;
+  for (const t of ticks) {
+    const y = sy(t);
+    f.svg.appendChild(s('line', { x1: f.plot.left, x2: f.plot.left + f.plot.width, y1: y, y2: y, class: 'jp-jdist-grid' }));
+    f.svg.appendChild(s('text', { x: f.plot.left - 6, y: y + 4, 'text-anchor': 'end', class: 'jp-jdist-tick' }, fmt(t, 3)));
+  }
+  return sy;
+}
+
+function noData(f: IFrame, text = 'no data yet'): SVGSVGElement {
+  f.svg.appendChild(
+    s('text', { x: f.plot.left + f.plot.width / 2, y: f.plot.top + f.plot.height / 2, 'text-anchor': 'middle', class: 'jp-jdist-nodata' }, text)
+  );
+  return f.svg;
+}
+
+/** A line over steps, optionally with a min–max band (the loss panel) . */
+export function lineChart(opts: {
+  width: number;
+  height: number;
+  title: string;
+  steps: number[];
+  values: Num[];
+  low?: Num[];
+  high?: Num[];
+  color?: string;
+  className?: string;
+}): SVGSVGElement {
+  const color = opts.color ?? BLUE;
+  const legend: [string, string][] = opts.low ? [['mean over ranks', color], ['min–max', 'rgba(31,119,180,0.3)']] : [];
+  const f = frame(opts.width, opts.height, opts.title, legend);
+  if (opts.className) {
+    f.svg.classList.add(opts.className);
+  }
+  const all = [...opts.values, ...(opts.low ?? []), ...(opts.high ?? [])];
+  const ey = extent(all);
+  const xs = opts.steps;
+  if (!ey || xs.length === 0) {
+    return noData(f);
+  }
+  const sy = yAxis(f, ey[0], ey[1]);
+  const [x0, x1] = [xs[0], xs[xs.length - 1]];
+  const sx = (x: number) => f.plot.left + ((x - x0) / (x1 - x0 || 1)) * f.plot.width;
+  const xticks = niceTicks(x0, x1 === x0 ? x0 + 1 : x1, Math.max(2, Math.floor(f.plot.width / 70))).filter(t => t >= x0 && t <= x1);
+  for (const t of xticks) {
+    f.svg.appendChild(
+      s('text', { x: sx(t), y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, fmt(t, 4))
+    );
+  }
+  f.svg.appendChild(
+    s('text', { x: f.plot.left + f.plot.width, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, 'step')
+  );
+  if (opts.low && opts.high) {
+    // the band: along the max forward, back along the min (runs of points where both exist)
+    let run: number[] = [];
+    const flush = () => {
+      if (run.length) {
+        const up = run.map(i => `${sx(xs[i]).toFixed(1)},${sy(opts.high![i] as number).toFixed(1)}`);
+        const down = [...run].reverse().map(i => `${sx(xs[i]).toFixed(1)},${sy(opts.low![i] as number).toFixed(1)}`);
+        f.svg.appendChild(s('path', { d: `M${up.join('L')}L${down.join('L')}Z`, fill: color, 'fill-opacity': 0.25, stroke: 'none', class: 'jp-jdist-band' }));
+      }
+      run = [];
+    };
+    xs.forEach((_, i) => (ok(opts.low![i]) && ok(opts.high![i]) ? run.push(i) : flush()));
+    flush();
+  }
+  const line = s('path', { d: linePath(xs, opts.values, sx, sy), fill: 'none', stroke: color, 'stroke-width': 1.8, class: 'jp-jdist-line' });
+  line.dataset.points = String(opts.values.filter(ok).length);
+  f.svg.appendChild(line);
+  return f.svg;
+}
+
+/** Bars per category: `stacked` puts the series on top of each other, else side by side. */
+export function barChart(opts: {
+  width: number;
+  height: number;
+  title: string;
+  categories: string[];
+  series: { name: string; color: string; values: Num[] }[];
+  stacked: boolean;
+  format?: (v: number) => string;
+  className?: string;
+}): SVGSVGElement {
+  const f = frame(opts.width, opts.height, opts.title, opts.series.map(x => [x.name, x.color]));
+  if (opts.className) {
+    f.svg.classList.add(opts.className);
+  }
+  const n = opts.categories.length;
+  const totals = opts.categories.map((_, i) =>
+    opts.stacked
+      ? opts.series.reduce((acc, x) => acc + (ok(x.values[i]) ? (x.values[i] as number) : 0), 0)
+      : Math.max(0, ...opts.series.map(x => (ok(x.values[i]) ? (x.values[i] as number) : 0)))
+  );
+  const hi = Math.max(0, ...totals);
+  if (n === 0 || !(hi > 0)) {
+    return noData(f);
+  }
+  const sy = yAxis(f, 0, hi * 1.08);
+  const band = f.plot.width / n;
+  const barW = Math.min(60, band * 0.7);
+  opts.categories.forEach((cat, i) => {
+    const cx = f.plot.left + band * (i + 0.5);
+    f.svg.appendChild(s('text', { x: cx, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, cat));
+    let base = 0;
+    opts.series.forEach((x, j) => {
+      const v = x.values[i];
+      if (!ok(v)) {
+        return;
+      }
+      const w = opts.stacked ? barW : barW / opts.series.length;
+      const left = opts.stacked ? cx - barW / 2 : cx - barW / 2 + j * w;
+      const y0 = opts.stacked ? base : 0;
+      const rect = s('rect', { x: left, y: sy(y0 + v), width: Math.max(1, w - (opts.stacked ? 0 : 2)), height: Math.max(0, sy(y0) - sy(y0 + v)), fill: x.color, class: 'jp-jdist-bar' });
+      rect.appendChild(s('title', {}, `${cat} ${x.name}: ${opts.format ? opts.format(v) : fmt(v)}`));
+      f.svg.appendChild(rect);
+      if (opts.stacked) {
+        base += v;
+      }
+    });
+  });
+  return f.svg;
+}

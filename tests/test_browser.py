@@ -1,0 +1,216 @@
+"""End to end in a real browser: JupyterLab + the "Distributed" sidebar + a 2-rank training cell.
+
+Debian chromium (``tools/install_chromium.sh``, run by ``make test``) driven by Python
+Playwright; JupyterLab on 127.0.0.1 with a token, its own config/data/runtime/IPython/run dirs
+(:class:`labserver.JupyterServerProcess`). The test opens a notebook, runs a real
+``%%distributed -n 2`` training cell, and checks in the page that the sidebar shows the cluster
+with 2 busy ranks and the run with a growing sparkline, that the run view draws the dashboard's
+charts live, that Interrupt in the sidebar stops the training (the cell reports the interrupt,
+the ranks are idle again), and that the notebook dashboard rendered. Screenshots go to
+``build/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from labserver import REPO, JupyterServerProcess
+
+CHROMIUM = Path(os.environ.get("JDIST_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = REPO / "build" / "screenshots"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+SETUP = """%%distributed -n 2 --timeout 30
+import time, torch, torch.nn as nn
+torch.manual_seed(0)
+model = jdist.prepare(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+print(f"rank {rank} of {world_size} ready")"""
+
+TRAIN = """%%distributed
+jdist.progress(total_steps=3000, batch_size=32)
+torch.manual_seed(100 + rank)                  # each rank its own batches: a visible min-max band
+for step in range(3000):
+    x = torch.randn(32, 8); y = x.sum(1, keepdim=True) + 0.3 * torch.randn(32, 1)
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    jdist.log(step=step, loss=loss.item())
+    time.sleep(0.1)"""
+
+
+def _notebook() -> dict:
+    cells = ["%load_ext jdist", SETUP, TRAIN, "print('after training:', jdist.last_run().status)"]
+    return {
+        "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+                   "source": src} for i, src in enumerate(cells)],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM}: run tools/install_chromium.sh (make test does)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    srv = JupyterServerProcess(tmp_path_factory.mktemp("jlab"), app="lab",
+                               extra_args=["--LabApp.expose_app_in_browser=True"])
+    settings = srv.dirs["config"] / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (srv.dirs["root"] / "train.ipynb").write_text(json.dumps(_notebook()))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / name))
+
+
+@pytest.mark.timeout(600)
+def test_sidebar_live_run_view_and_interrupt(lab, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    try:
+        _scenario(lab, page)
+    except BaseException:
+        shot(page, "failure.png")
+        raise
+    finally:
+        page.close()
+
+
+def _scenario(lab, page) -> None:
+    t0 = time.monotonic()
+    errors: list[str] = []  # uncaught errors in the page (stack included)
+    page.on("pageerror", lambda exc: errors.append(f"{exc}\n{getattr(exc, 'stack', '')}"))
+    page.goto(f"{lab.url}/lab/tree/train.ipynb?token={lab.token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    # the sidebar tab with its own icon, then the panel
+    tab = page.locator("li.lm-TabBar-tab[data-id='jdist-sidebar']")
+    tab.wait_for(timeout=30_000)
+    assert tab.locator("svg").count() == 1
+    tab.click()
+    sidebar = page.locator("#jdist-sidebar")
+    sidebar.locator(".jp-jdist-title", has_text="Distributed").wait_for()
+    sidebar.locator(".jp-jdist-empty").first.wait_for()
+
+    # run the notebook: kernel idle first, then Run All (the training cell runs until interrupted)
+    page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=30_000)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+        " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=90_000)
+    # (not awaited: the promise resolves when every cell has run)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+    # the cluster: notebook name, 2 ranks, busy while training
+    card = sidebar.locator(".jp-jdist-cluster")
+    card.wait_for(timeout=180_000)
+    assert card.locator(".jp-jdist-nb").inner_text() == "train.ipynb"
+    page.wait_for_function(
+        "() => document.querySelectorAll('#jdist-sidebar .jp-jdist-cluster tr[data-state=busy]').length === 2",
+        timeout=120_000)
+    assert card.locator("tbody tr").count() == 2
+    assert card.locator(".jp-jdist-nranks").inner_text() == "2 ranks"
+    assert "ddp" in card.locator(".jp-jdist-meta").first.inner_text()
+    assert "cpu" in card.locator(".jp-jdist-meta").first.inner_text()
+
+    # the run with a growing loss sparkline
+    run = sidebar.locator(".jp-jdist-run[data-status=running]").first
+    run.wait_for(timeout=60_000)
+    spark = run.locator(".jp-jdist-spark-loss svg")
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#jdist-sidebar .jp-jdist-run[data-status=running] .jp-jdist-spark-loss svg');"
+        " return s && Number(s.dataset.points) >= 3; }", timeout=60_000)
+    last1, path1 = float(spark.get_attribute("data-last-x")), spark.locator("path").get_attribute("d")
+    steps1 = int(run.locator(".jp-jdist-run-progress").get_attribute("data-steps"))
+    page.wait_for_timeout(3000)
+    last2, path2 = float(spark.get_attribute("data-last-x")), spark.locator("path").get_attribute("d")
+    steps2 = int(run.locator(".jp-jdist-run-progress").get_attribute("data-steps"))
+    # the loss chart grows: it reaches later steps (long series are thinned to 60 points)
+    assert steps2 > steps1 and last2 > last1 and path2 != path1, (steps1, steps2, last1, last2)
+
+    # the notebook dashboard rendered under the training cell (live plotly figure and progress bar)
+    page.wait_for_selector(".jp-Notebook .js-plotly-plot .scatterlayer path.js-line", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook .widget-hprogress", timeout=10_000)
+    page.wait_for_timeout(1500)
+    shot(page, "1-notebook-and-sidebar-live.png")
+
+    # the run view in the main area: the dashboard's four panels, updating
+    run.locator(".jp-jdist-open").click()
+    view = page.locator(".jp-jdist-runview")
+    view.wait_for(timeout=20_000)
+    page.wait_for_function(
+        "() => { const p = document.querySelector('.jp-jdist-runview .jp-jdist-chart-loss path.jp-jdist-line');"
+        " return p && Number(p.dataset.points) > 3; }", timeout=30_000)
+    for panel in ("loss", "time", "memory", "throughput"):
+        assert view.locator(f".jp-jdist-chartbox[data-panel={panel}] svg").count() == 1, panel
+    assert view.locator(".jp-jdist-chart-loss path.jp-jdist-band").count() >= 1  # min–max band
+    assert view.locator(".jp-jdist-chart-time rect.jp-jdist-bar").count() >= 2  # compute (+ comm) per rank
+    assert view.locator(".jp-jdist-chart-memory rect.jp-jdist-bar").count() >= 4  # current + peak (+ state) per rank
+    records1 = int(view.get_attribute("data-records"))
+    page.wait_for_timeout(2500)
+    records2 = int(view.get_attribute("data-records"))
+    assert records2 > records1 and view.get_attribute("data-status") == "running"
+    shot(page, "2-run-view-live.png")
+
+    # Interrupt from the sidebar stops the training
+    interrupt = card.locator("button[data-action=interrupt]")
+    assert interrupt.is_enabled()
+    assert card.locator("button[data-action=stop]").is_disabled()  # the kernel is busy
+    t_int = time.monotonic()
+    interrupt.click()
+    card.locator(".jp-jdist-message-ok").wait_for(timeout=30_000)
+    assert "Interrupted the kernel" in card.locator(".jp-jdist-message").inner_text()
+    page.wait_for_function(
+        "() => document.querySelectorAll('#jdist-sidebar .jp-jdist-cluster tr[data-state=idle]').length === 2"
+        " && document.querySelector('#jdist-sidebar .jp-jdist-kernel-idle')", timeout=60_000)
+    interrupt_s = time.monotonic() - t_int
+    page.wait_for_selector(".jp-jdist-runview[data-status=interrupted]", timeout=20_000)
+    sidebar.locator(".jp-jdist-run[data-status=interrupted]").first.wait_for(timeout=20_000)
+    records_final = int(view.get_attribute("data-records"))
+    page.wait_for_timeout(2000)  # ended: the view stays as it is, readable
+    assert int(view.get_attribute("data-records")) == records_final
+    shot(page, "3-run-view-after-interrupt.png")
+
+    # back in the notebook: the cell reports the interrupt; the dashboard became its static PNG
+    page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
+    out = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea")
+    out.get_by_text(re.compile("Interrupted: every rank received SIGINT and stopped")).first.wait_for(timeout=30_000)
+    out.locator("img").first.wait_for(timeout=30_000)
+    assert "KeyboardInterrupt" in out.inner_text()
+    out.get_by_text(re.compile("Interrupted: every rank received SIGINT")).first.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    shot(page, "4-notebook-after-interrupt.png")
+
+    # dark theme: the same views stay readable
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000)
+    page.locator(".lm-TabBar-tab", has_text="Run ").first.click()
+    page.wait_for_timeout(1500)
+    shot(page, "5-dark-theme.png")
+    page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+
+    # our extension's code never throws; other code's errors (widgets being closed...) are only shown
+    ours = [e for e in errors if "/extensions/jdist/" in e]
+    assert not ours, ours
+    if errors:
+        print("page errors outside the jdist extension:", *errors, sep="\n")
+    assert interrupt_s < 30, interrupt_s
+    print(f"browser test: {time.monotonic() - t0:.1f} s, interrupt to idle ranks {interrupt_s:.1f} s")

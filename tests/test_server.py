@@ -1,0 +1,332 @@
+"""The Jupyter server extension (jdist.server): manager and REST handlers on real state.
+
+A real ``jupyter server`` subprocess (its own config/data/runtime dirs, the repository's
+jupyter-config enabling the extension) starts a real kernel for a notebook session; the kernel
+starts a real 2-rank MPI cluster with ``%%distributed`` and trains; the tests read and act on
+it through the REST API (with and without the token) and through a :class:`JdistManager` of
+their own on the same runtime and run dirs. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import KernelSession, strip_ansi
+from labserver import REPO, JupyterServerProcess
+
+from jdist.metrics import Run, RunLog
+from jdist.server import state
+from jdist.server.manager import ActionError, JdistManager
+
+API = "/jdist/api"
+TRAIN = """%%distributed
+import time
+for step in range({steps}):
+    time.sleep(0.05)
+    jdist.log(step=step, loss=1.0 / (step + 1))
+"""
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value: {last!r}")
+
+
+class ServerKernel(KernelSession):
+    """conftest's KernelSession on a kernel that the Jupyter server started (for a notebook)."""
+
+    def __init__(self, server: JupyterServerProcess, kernel_id: str):  # no super(): no new kernel
+        self.km = None
+        self.kc = server.kernel_client(kernel_id)
+        self.kernel_id = kernel_id
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = JupyterServerProcess(tmp_path_factory.mktemp("jserver"), app="server").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def session(server):
+    (server.dirs["root"] / "work").mkdir()
+    sess = server.new_session("work/train.ipynb")
+    kernel = ServerKernel(server, sess["kernel"]["id"])
+    kernel.run("%load_ext jdist")
+    kernel.run("%%distributed -n 2 --timeout 30\nimport torch", timeout=240)
+    yield kernel
+    try:  # the last test kills this kernel (the server restarts it): nothing may be left to stop
+        kernel.run("%dist stop", timeout=30, allow_error=True)
+    except Exception:
+        pass
+    kernel.shutdown()
+
+
+def clusters(server):
+    return server.get(f"{API}/clusters")["clusters"]
+
+
+def runs(server, **kw):
+    return server.get(f"{API}/runs", **kw)["runs"]
+
+
+# -- without a cluster ----------------------------------------------------------------------
+def test_endpoints_need_the_token(server):
+    for method, path in [("GET", "clusters"), ("GET", "runs"), ("GET", "runs/20260101-000000-abcdef"),
+                         ("POST", "clusters/jdist-1-x/interrupt"), ("POST", "clusters/jdist-1-x/stop")]:
+        for token in (False, "wrong-token"):
+            status, _ = server.request(method, f"{API}/{path}", token=token)
+            assert status in (401, 403), (method, path, token, status)
+    assert server.request("GET", f"{API}/clusters")[0] == 200
+
+
+def test_unknown_things_are_404_and_bad_ids_rejected(server):
+    status, body = server.request("POST", f"{API}/clusters/jdist-0-none/restart")
+    assert status == 404 and "No running jdist cluster" in body["message"]
+    status, body = server.request("GET", f"{API}/runs/20200101-000000-000000")
+    assert status == 404 and "No run" in body["message"]
+    assert server.request("GET", f"{API}/runs/..%2F..%2Fetc")[0] in (400, 404)
+    assert server.request("GET", f"{API}/runs?limit=x")[0] == 400
+
+
+def test_extension_enabled_by_the_shipped_config(server):
+    assert "jdist.server | extension was successfully loaded" in server.log()
+    cfg = json.loads((REPO / "jupyter-config" / "jupyter_server_config.d" / "jdist.json").read_text())
+    assert cfg == {"ServerApp": {"jpserver_extensions": {"jdist.server": True}}}
+
+
+def test_jupyter_lists_both_extensions_enabled(server):
+    """What `pip install` gives (the same config file and built output, here linked into the test's dirs)."""
+    def run(*args):
+        out = subprocess.run([sys.executable, "-m", "jupyter", *args], check=False, env=server.env, capture_output=True,
+                             text=True, timeout=120)
+        return strip_ansi(out.stdout + out.stderr)
+
+    server_list = run("server", "extension", "list")
+    assert re.search(r"jdist\.server\s+enabled", server_list), server_list
+    assert "jdist.server  OK" in server_list or re.search(r"jdist\.server\s+.*OK", server_list), server_list
+    lab_list = run("labextension", "list")
+    assert re.search(r"jdist v[0-9.]+\s+enabled\s+OK", lab_list), lab_list
+
+
+def test_stale_state_file_of_a_dead_kernel_is_dropped(server, tmp_path):
+    # a process that existed and is gone: its PID cannot be alive with the same start time
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    ident = state.process_identity(proc.pid)
+    proc.wait()
+    folder = state.clusters_dir(server.dirs["runtime"])
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = folder / "jdist-dead-1.json"
+    stale.write_text(json.dumps({"version": state.VERSION, "cluster_id": "jdist-dead-1", "kernel": ident,
+                                 "controller": ident, "ranks": [], "config": {"n": 2}, "started_at": time.time()}))
+    assert all(c["cluster_id"] != "jdist-dead-1" for c in clusters(server))
+    assert not stale.exists()
+
+
+def test_runs_from_the_run_log_with_lost_status(server):
+    """A run log folder written by RunLog is listed; a 'running' run whose cluster is gone is 'lost'."""
+    run = Run("20200101-000000-aaaaaa", world_size=2, backend="ddp", cluster_id="jdist-gone-1", total_steps=10)
+    log = RunLog(run, server.dirs["runs"])
+    log.append(run.add([{"rank": r, "seq": s, "step": s, "loss": 1.0 / (s + 1 + r), "step_time_s": 0.01,
+                         "comm_time_s": 0.002, "compute_time_s": 0.008, "mem_bytes": 2**20, "mem_peak_bytes": 2**21}
+                        for s in range(5) for r in range(2)]))
+    listed = {r["run_id"]: r for r in runs(server, )}
+    assert listed[run.run_id]["status"] == "lost"
+    assert listed[run.run_id]["spark"]["loss"][0] == [0, 1, 2, 3, 4]
+    detail = server.get(f"{API}/runs/{run.run_id}")
+    assert detail["status"] == "lost" and detail["steps_done"] == 5 and detail["total_steps"] == 10
+    p = detail["panels"]
+    assert p["loss_steps"] == [0, 1, 2, 3, 4] and p["loss_min"][0] == pytest.approx(0.5) and p["loss_max"][0] == 1.0
+    assert p["rank_labels"] == ["rank 0", "rank 1"] and p["mem_mib"] == [1.0, 1.0] and p["mem_peak_mib"] == [2.0, 2.0]
+    assert p["comm_s"] == [pytest.approx(0.002)] * 2
+    run.status = "finished"
+    log.close()
+    assert {r["run_id"]: r for r in runs(server)}[run.run_id]["status"] == "finished"
+
+
+# -- with a real cluster in a server kernel -------------------------------------------------
+def test_lists_the_kernels_cluster(server, session):
+    (c,) = clusters(server)
+    assert c["kernel_id"] == session.kernel_id and c["managed"] is True
+    assert c["notebook"] == "work/train.ipynb" and c["name"] == "train.ipynb"
+    assert c["backend"] == "ddp" and c["n"] == 2 and c["status"] == "running"
+    assert [r["rank"] for r in c["ranks"]] == [0, 1]
+    assert [r["state"] for r in c["ranks"]] == ["idle", "idle"]
+    assert c["hosts"] == [socket.gethostname()] and c["devices"] == ["cpu"]
+    assert c["kernel_state"] == "idle"
+    # the same ids and pids as the kernel's own %dist status
+    status = session.value("jdist.cluster.current().status()")
+    assert c["cluster_id"] == status["cluster_id"]
+    assert [r["pid"] for r in c["ranks"]] == [r["pid"] for r in status["ranks"]]
+    # the state file is private to the user
+    path = state.clusters_dir(server.dirs["runtime"]) / f"{c['cluster_id']}.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_busy_ranks_live_run_and_interrupt_through_the_kernel(server, session):
+    msg_id = session.start(TRAIN.format(steps=2000))
+    c = wait_for(lambda: next((c for c in clusters(server) if all(r["state"] == "busy" for r in c["ranks"])), None),
+                 what="ranks busy")
+    assert c["kernel_state"] == "busy"
+    run = wait_for(lambda: next((r for r in runs(server) if r["status"] == "running" and r["records"] > 20), None),
+                   what="a running run")
+    assert run["cluster_id"] == c["cluster_id"] and run["notebook"] == "work/train.ipynb"
+    first = len(run["spark"]["loss"][1])
+    grown = wait_for(lambda: next(r for r in runs(server) if r["run_id"] == run["run_id"])["records"] > run["records"] + 20,
+                     what="more records")
+    assert grown
+    detail = server.get(f"{API}/runs/{run['run_id']}")
+    assert detail["status"] == "running" and detail["panels"]["loss_name"] == "loss"
+    assert len(detail["panels"]["loss_mean"]) >= first and detail["panels"]["rank_labels"] == ["rank 0", "rank 1"]
+    assert c["current_run"] in (None, run["run_id"])
+
+    # restart/stop run in the kernel: refused while it is busy, with the reason
+    for action in ("restart", "stop"):
+        status, body = server.request("POST", f"{API}/clusters/{c['cluster_id']}/{action}")
+        assert status == 409 and "busy" in body["message"], body
+
+    t0 = time.monotonic()
+    status, body = server.request("POST", f"{API}/clusters/{c['cluster_id']}/interrupt")
+    assert status == 200 and body["via"] == "kernel", body
+    out = session.collect(msg_id, timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert out.error and out.error["ename"] == "KeyboardInterrupt"
+    assert "Interrupted: every rank received SIGINT and stopped" in strip_ansi(out.stderr)
+    after = wait_for(lambda: next((c for c in clusters(server) if c["kernel_state"] == "idle"
+                                   and [r["state"] for r in c["ranks"]] == ["idle", "idle"]), None),
+                     timeout=20, what="idle ranks after the interrupt")
+    assert after["cluster_id"] == c["cluster_id"]  # same ranks, state kept
+    assert session.value("len(jdist.last_run().records) > 0") is True
+    final = server.get(f"{API}/runs/{run['run_id']}")
+    assert final["status"] == "interrupted" and final["ended"] is not None
+    assert final["records"] == session.value("len(jdist.last_run().records)")
+    status, body = server.request("POST", f"{API}/clusters/{c['cluster_id']}/interrupt")
+    assert status == 409 and "idle" in body["message"]
+
+
+def test_manager_on_the_same_state_without_a_server(server, session):
+    """JdistManager in this process: sees the cluster, and interrupts the ranks through the controller."""
+    manager = JdistManager(runtime_dirs=[server.dirs["runtime"]], run_dir=server.dirs["runs"])
+    try:
+        (c,) = asyncio.run(manager.clusters())
+        assert c["managed"] is False and c["kernel_state"] is None
+        assert c["notebook"] == str(server.dirs["root"] / "work" / "train.ipynb")  # JPY_SESSION_NAME
+        assert [r["state"] for r in c["ranks"]] == ["idle", "idle"]
+        with pytest.raises(ActionError) as err:
+            asyncio.run(manager.stop(c["cluster_id"]))
+        assert err.value.status == 409 and "not run by this Jupyter server" in err.value.message
+
+        msg_id = session.start(TRAIN.format(steps=2000))
+        wait_for(lambda: [r["state"] for r in asyncio.run(manager.clusters())[0]["ranks"]] == ["busy", "busy"],
+                 what="busy ranks (manager)")
+        result = asyncio.run(manager.interrupt(c["cluster_id"]))
+        assert result["via"] == "ranks" and "SIGINT" in result["message"]
+        out = session.collect(msg_id, timeout=60)
+        assert out.error and out.error["ename"] == "KeyboardInterrupt"
+        assert "Interrupted" in strip_ansi(out.stderr)
+        listed = asyncio.run(manager.runs(limit=3))
+        assert listed[0]["status"] == "interrupted" and listed[0]["cluster_id"] == c["cluster_id"]
+    finally:
+        manager.close()
+
+
+def test_restart_and_stop_run_in_the_idle_kernel(server, session):
+    (old,) = clusters(server)
+    old_file = state.clusters_dir(server.dirs["runtime"]) / f"{old['cluster_id']}.json"
+    assert old_file.exists()
+    status, body = server.request("POST", f"{API}/clusters/{old['cluster_id']}/restart")
+    assert status == 200 and body["message"].startswith("Ready: 2 rank(s)"), body
+    (new,) = clusters(server)
+    assert new["cluster_id"] != old["cluster_id"] and new["kernel_id"] == old["kernel_id"]
+    assert [r["state"] for r in new["ranks"]] == ["idle", "idle"]
+    assert {r["pid"] for r in new["ranks"]}.isdisjoint({r["pid"] for r in old["ranks"]})
+    assert not old_file.exists()
+    # the kernel's own cluster object is the restarted one: %%distributed keeps working
+    assert session.value("jdist.cluster.current().cluster_id") == new["cluster_id"]
+    assert session.run("%%distributed\nprint(rank, world_size)").stdout.strip() == "0 2"
+    # the old id is gone
+    assert server.request("POST", f"{API}/clusters/{old['cluster_id']}/stop")[0] == 404
+
+    status, body = server.request("POST", f"{API}/clusters/{new['cluster_id']}/stop")
+    assert status == 200 and body["message"] == "Cluster stopped.", body
+    assert clusters(server) == []
+    assert session.value("jdist.cluster.current() is None") is True
+    assert list(state.clusters_dir(server.dirs["runtime"]).glob("*.json")) == []
+
+
+def test_killed_kernel_disappears_and_its_run_is_lost(server, session):
+    session.run("%%distributed -n 2 --timeout 30\nimport time", timeout=240)
+    (c,) = clusters(server)
+    msg_id = session.start(TRAIN.format(steps=2000))
+    run = wait_for(lambda: next((r for r in runs(server) if r["status"] == "running" and r["records"] > 4), None),
+                   what="a running run")
+    os.kill(c["kernel_pid"], signal.SIGKILL)
+    wait_for(lambda: all(x["cluster_id"] != c["cluster_id"] for x in clusters(server)), timeout=20,
+             what="the dead kernel's cluster to disappear")
+    assert not (state.clusters_dir(server.dirs["runtime"]) / f"{c['cluster_id']}.json").exists()
+    assert next(r for r in runs(server) if r["run_id"] == run["run_id"])["status"] == "lost"
+    # the ranks end themselves when their kernel is killed (jdist.rank watches the kernel)
+    wait_for(lambda: not any(_alive(r["pid"]) for r in c["ranks"]), timeout=30, what="the ranks to exit")
+    del msg_id
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# -- the prebuilt frontend -------------------------------------------------------------------
+def test_prebuilt_labextension_is_current():
+    """jdist/labextension was built from labextension/ as it is (tools/build_labextension.sh); no node needed."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import labextension_hash
+    finally:
+        sys.path.pop(0)
+    assert labextension_hash.stored_hash() == labextension_hash.sources_hash(), (
+        "jdist/labextension is out of date with labextension/: run `make labextension` and commit the output")
+    pkg = json.loads((REPO / "jdist" / "labextension" / "package.json").read_text())
+    assert pkg["name"] == "jdist"
+    assert (REPO / "jdist" / "labextension" / pkg["jupyterlab"]["_build"]["load"]).is_file()
+    src_pkg = json.loads((REPO / "labextension" / "package.json").read_text())
+    assert src_pkg["version"] == pkg["version"]
+    lock = (REPO / "labextension" / "yarn.lock").read_text()
+    assert "@jupyter/builder@" in lock
+
+
+def test_state_file_outside_a_kernel(tmp_path):
+    """The reader side on files written by hand: other versions and broken files are skipped."""
+    folder = state.clusters_dir(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "a.json").write_text("{broken")
+    (folder / "b.json").write_text(json.dumps({"version": 999, "cluster_id": "b"}))
+    me = state.process_identity(os.getpid())
+    (folder / "c.json").write_text(json.dumps({"version": state.VERSION, "cluster_id": "c", "kernel": me}))
+    assert [d["cluster_id"] for _, d in state.read_all(tmp_path)] == ["c"]
+    assert state.is_stale({"kernel": me}) is False
+    assert state.is_stale({"kernel": {"pid": me["pid"], "create_time": me["create_time"] - 100}}) is True
+    assert Path(state.clusters_dir(tmp_path)).name == "clusters"
