@@ -9,7 +9,7 @@
 #   - C++17 appended LAST to every compile line through CMAKE_CXX_COMPILER_LAUNCHER:
 #     horovod's CMakeLists forces -std=c++14, which torch 2.x headers do not accept,
 #     and CMake puts it after CXXFLAGS.
-# The build takes 5-8 minutes on 2 cores. The wheel is cached per Horovod, torch and
+# The build takes 3-8 minutes on 2 cores. The wheel is cached per Horovod, torch and
 # Python version in $JDIST_WHEEL_CACHE (default ~/.cache/jdist/wheels), so later runs
 # (and other checkouts) install it in seconds.
 set -euo pipefail
@@ -30,7 +30,7 @@ SLOT="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH-$PYTAG"
 mkdir -p "$SLOT"
 
 if ! ls "$SLOT"/horovod-*.whl >/dev/null 2>&1; then
-  echo "== Building Horovod $HOROVOD_VERSION against torch $TORCH (5-8 minutes, once; cached in $SLOT) =="
+  echo "== Building Horovod $HOROVOD_VERSION against torch $TORCH (3-8 minutes, once; cached in $SLOT) =="
   "$PY" -m pip install -q "cmake>=3.18" wheel packaging
   TMP=$(mktemp -d)
   trap 'rm -rf "$TMP"' EXIT
