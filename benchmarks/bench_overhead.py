@@ -325,7 +325,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"   cross-check, jdist.last_run().history.step_time_s (median, mean over ranks), jdist_log: "
               f"{h['median'] * 1e3:.2f} ms (min {h['min'] * 1e3:.2f}, max {h['max'] * 1e3:.2f}); "
               f"comm_time_s median {steps['jdist_log']['history_comm_median_s']['median'] * 1e3:.2f} ms")
-    print(f"   cell wall time in the kernel (whole cell, incl. build + DDP wrap), median: "
+    print("   cell wall time in the kernel (whole cell, incl. build + DDP wrap), median: "
           + ", ".join(f"{v} {steps[v]['cell_wall_s']['median']:.2f} s" for v in JDIST_VARIANTS)
           + f"; plain torchrun process wall {steps['plain']['process_wall_s']['median']:.2f} s")
     print("   CPU used outside the ranks during the cell, median: "
@@ -333,7 +333,7 @@ def print_report(res: dict[str, Any]) -> None:
                       + (f" + controller {steps[v]['controller_cpu_s']['median']:.2f} s" if "controller_cpu_s" in steps[v] else "")
                       for v in JDIST_VARIANTS))
     losses = {v: steps[v]["final_loss"] for v in steps}
-    print(f"   final loss (rank 0), same code path check: "
+    print("   final loss (rank 0), same code path check: "
           + ", ".join(f"{v} {losses[v]:.6f}" for v in losses))
     f = res["first_cells"]
     print("   not in the table, the session's first training cell of each kind (warm-up round): "

@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
-from .base import RankContext
+from .base import Backend, CommTimer, RankContext
+
+
+class TorchBackend(Backend):
+    """A backend over the default torch.distributed process group (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self) -> None:
+        self.ctx: RankContext | None = None
+        self.timer: CommTimer | None = None
+
+    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
+        self.ctx = ctx
+        self.timer = timer
+        init_process_group(ctx)
+
+    def require_ctx(self) -> RankContext:
+        if self.ctx is None:
+            raise RuntimeError(f"The {self.name} backend is not set up on this rank; run %dist restart.")
+        return self.ctx
+
+    def teardown(self) -> None:
+        destroy_process_group()
+        self.ctx = None
 
 
 def init_process_group(ctx: RankContext) -> None:

@@ -12,32 +12,21 @@ import time
 from typing import Any, Callable
 
 from . import _torch
-from .base import Backend, CommTimer, RankContext
 
 
-class DDPBackend(Backend):
+class DDPBackend(_torch.TorchBackend):
     """``--backend ddp``: wraps the model in ``DistributedDataParallel`` with a timing comm hook."""
 
     name = "ddp"
 
-    def __init__(self) -> None:
-        self.ctx: RankContext | None = None
-        self.timer: CommTimer | None = None
-
-    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
-        self.ctx = ctx
-        self.timer = timer
-        _torch.init_process_group(ctx)
-
     def prepare_model(self, model: Any, **options: Any) -> Any:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        if self.ctx is None:
-            raise RuntimeError("The ddp backend is not set up on this rank; run %dist restart.")
+        ctx = self.require_ctx()
         if isinstance(model, DDP):
             return model
-        model = model.to(self.ctx.device)
-        device_ids = [self.ctx.device.index] if self.ctx.device_kind == "cuda" else None
+        model = model.to(ctx.device)
+        device_ids = [ctx.device.index] if ctx.device_kind == "cuda" else None
         ddp = DDP(model, device_ids=device_ids, **options)
         ddp.register_comm_hook(state=None, hook=self._timed_allreduce_hook())
         return ddp
@@ -83,7 +72,3 @@ class DDPBackend(Backend):
             return fut.then(done)
 
         return cpu_hook
-
-    def teardown(self) -> None:
-        _torch.destroy_process_group()
-        self.ctx = None

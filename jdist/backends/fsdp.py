@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from . import _torch
-from .base import Backend, CommTimer, RankContext
+from .base import CommTimer
 
 #: Option names accepted by ``jdist.prepare(model, ...)`` under ``--backend fsdp``.
 MODEL_OPTIONS = ("shard", "reshard_after_forward", "param_dtype", "reduce_dtype", "cpu_offload")
@@ -72,26 +72,16 @@ def _select(module: Any, shard: Any) -> list[Any]:
     )
 
 
-class FSDPBackend(Backend):
+class FSDPBackend(_torch.TorchBackend):
     """``--backend fsdp``: shards the model with FSDP2 ``fully_shard`` and times its collectives."""
 
     name = "fsdp"
     checkpoint_kind = "sharded"
 
-    def __init__(self) -> None:
-        self.ctx: RankContext | None = None
-        self.timer: CommTimer | None = None
-
-    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
-        self.ctx = ctx
-        self.timer = timer
-        _torch.init_process_group(ctx)
-
     def prepare_model(self, model: Any, **options: Any) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-        if self.ctx is None:
-            raise RuntimeError("The fsdp backend is not set up on this rank; run %dist restart.")
+        ctx = self.require_ctx()
         if isinstance(model, FSDPModule):
             return model
         unknown = set(options) - set(MODEL_OPTIONS)
@@ -108,13 +98,13 @@ class FSDPBackend(Backend):
                 param_dtype=_dtype(options.get("param_dtype")), reduce_dtype=_dtype(options.get("reduce_dtype"))
             )
         if options.get("cpu_offload"):
-            if self.ctx.device_kind != "cuda":
+            if ctx.device_kind != "cuda":
                 raise ValueError(
                     "jdist.prepare(model, cpu_offload=True) offloads GPU ranks' shards to host memory; "
                     "these ranks already run on the CPU. Drop cpu_offload, or start the cluster with --gpus N."
                 )
             kwargs["offload_policy"] = CPUOffloadPolicy()
-        model = model.to(self.ctx.device)
+        model = model.to(ctx.device)
         names = {id(p): n for n, p in model.named_parameters()}
         blocks = _select(model, options.get("shard"))
         for block in blocks:
@@ -122,8 +112,8 @@ class FSDPBackend(Backend):
         fully_shard(model, **kwargs)
         all_gather, reduce_scatter = _timed_comm_classes()
         for module in [*blocks, model]:
-            module.set_custom_all_gather(all_gather(self.timer, self.ctx.device_kind))
-            module.set_custom_reduce_scatter(reduce_scatter(self.timer, self.ctx.device_kind))
+            module.set_custom_all_gather(all_gather(self.timer, ctx.device_kind))
+            module.set_custom_reduce_scatter(reduce_scatter(self.timer, ctx.device_kind))
         # fully_shard replaced the parameters: remember old -> new for prepare_optimizer
         sharded = dict(model.named_parameters())
         model._jdist_param_remap = {pid: sharded[n] for pid, n in names.items() if n in sharded}
@@ -169,9 +159,6 @@ class FSDPBackend(Backend):
         assert self.ctx is not None
         return ShardedGradScaler(self.ctx.device.type)
 
-    def teardown(self) -> None:
-        _torch.destroy_process_group()
-        self.ctx = None
 
 
 def _dtype(value: Any) -> Any:

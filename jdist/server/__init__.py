@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jdist import __version__  # shown by `jupyter server extension list`
+from jdist import __version__ as __version__  # shown by `jupyter server extension list`
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
