@@ -12,6 +12,8 @@ cd labextension
 jlpm install
 jlpm build:prod
 cd ..
+# the build empties the output folder; install.json tells `jupyter labextension list` the package
+cp labextension/install.json jdist/labextension/install.json
 python3 tools/labextension_hash.py --write
 # a development venv serves this checkout's build (pip copied the output at install time)
 if [ -d "$VENV/share/jupyter/labextensions" ] && [ ! -L "$VENV/share/jupyter/labextensions/jdist" ]; then

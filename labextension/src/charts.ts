@@ -228,7 +228,7 @@ export function barChart(opts: {
   height: number;
   title: string;
   categories: string[];
-  series: { name: string; color: string; values: Num[] }[];
+  series: { name: string; color: string; values: Num[]; label?: (v: number) => string }[];
   stacked: boolean;
   format?: (v: number) => string;
   className?: string;
@@ -265,6 +265,12 @@ export function barChart(opts: {
       const rect = s('rect', { x: left, y: sy(y0 + v), width: Math.max(1, w - (opts.stacked ? 0 : 2)), height: Math.max(0, sy(y0) - sy(y0 + v)), fill: x.color, class: 'jp-jdist-bar' });
       rect.appendChild(s('title', {}, `${cat} ${x.name}: ${opts.format ? opts.format(v) : fmt(v)}`));
       f.svg.appendChild(rect);
+      if (x.label) {
+        // values too small to see next to the others (model+optimizer state beside a process's RSS)
+        f.svg.appendChild(
+          s('text', { x: left + w / 2, y: sy(y0 + v) - 3, 'text-anchor': 'middle', fill: x.color, class: 'jp-jdist-barlabel' }, x.label(v))
+        );
+      }
       if (opts.stacked) {
         base += v;
       }

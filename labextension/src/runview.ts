@@ -147,7 +147,9 @@ export class RunView extends Widget {
           series: [
             { name: 'current', color: BLUE, values: p.mem_mib },
             { name: 'peak', color: ORANGE, values: p.mem_peak_mib },
-            ...(p.state_mib ? [{ name: 'model+optimizer', color: GREEN, values: p.state_mib }] : [])
+            ...(p.state_mib
+              ? [{ name: 'model+optimizer', color: GREEN, values: p.state_mib, label: (v: number) => (v < 1 ? `${(v * 1024).toFixed(1)} KiB` : `${v.toFixed(1)} MiB`) }]
+              : [])
           ],
           format: v => `${fmt(v)} MiB`,
           className: 'jp-jdist-chart-memory'

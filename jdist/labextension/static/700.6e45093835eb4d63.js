@@ -391,6 +391,10 @@
   font-size: 10px;
 }
 
+.jp-jdist-barlabel {
+  font-size: 10px;
+}
+
 .jp-jdist-nodata {
   fill: var(--jp-ui-font-color3);
   font-size: 12px;
