@@ -325,7 +325,7 @@ class DistributedCluster:
         return {
             "config": asdict(self.config),
             "uptime_s": time.time() - (self.started_at or time.time()),
-            "cluster_id": self.cluster.cluster_id if self.cluster else None,
+            "cluster_id": self.cluster_id,
             "ranks": ranks,
         }
 

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from . import _torch
-from .base import Backend, CommTimer, RankContext
+from .base import CommTimer, RankContext
 
 INSTALL_HINT = (
     "Horovod is not installed in this environment. Install it with `make horovod` from a jdist checkout "
@@ -44,7 +44,7 @@ def available() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
 
-class HorovodBackend(Backend):
+class HorovodBackend(_torch.TorchBackend):
     """``--backend horovod``: Horovod's DistributedOptimizer over the MPI world of the engines."""
 
     name = "horovod"
@@ -52,8 +52,7 @@ class HorovodBackend(Backend):
     averages_in_optimizer = True
 
     def __init__(self) -> None:
-        self.ctx: RankContext | None = None
-        self.timer: CommTimer | None = None
+        super().__init__()
         self.hvd: Any = None
 
     @classmethod
@@ -71,20 +70,19 @@ class HorovodBackend(Backend):
                 f"Horovod sees rank {hvd.rank()} of {hvd.size()} but MPI says {ctx.rank} of {ctx.world_size}; "
                 "Horovod must be built with MPI support (tools/build_horovod.sh sets HOROVOD_WITH_MPI=1)."
             )
-        self.ctx, self.timer, self.hvd = ctx, timer, hvd
+        self.hvd = hvd
         # a torch.distributed group as well, so cell code written for ddp (dist.all_reduce of
         # metrics, DistributedSampler) runs unchanged
-        _torch.init_process_group(ctx)
+        super().setup(ctx, timer)
 
     def prepare_model(self, model: Any, **options: Any) -> Any:
-        if self.ctx is None:
-            raise RuntimeError("The horovod backend is not set up on this rank; run %dist restart.")
+        ctx = self.require_ctx()
         if options:
             raise TypeError(
                 f"jdist.prepare: --backend horovod does not wrap models, so model options "
                 f"{', '.join(sorted(options))} do not apply; optimizer options: {', '.join(OPTIMIZER_OPTIONS)}."
             )
-        model = model.to(self.ctx.device)
+        model = model.to(ctx.device)
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
 
@@ -133,8 +131,7 @@ class HorovodBackend(Backend):
     def teardown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
             self.hvd.shutdown()
-        _torch.destroy_process_group()
-        self.ctx = None
+        super().teardown()
 
 
 def _time_allreduces(optimizer: Any, timer: CommTimer | None) -> None:
