@@ -45,6 +45,7 @@ labextension: venv
 bench: venv horovod
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_backends.py
+	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"

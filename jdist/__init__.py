@@ -35,6 +35,7 @@ _LAZY = {
     "load_checkpoint": "checkpoint",
     "latest_checkpoint": "checkpoint",
     "checkpoint_every": "checkpoint",
+    "restored_step": "checkpoint",
 }
 
 

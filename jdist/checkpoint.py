@@ -225,6 +225,8 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
         elif ctx.rank == 0:
             print(f"jdist: {path} was saved by {len(meta['rng'])} ranks, this cluster has {ctx.world_size}: "
                   "random number generator states were not restored.")
+    global _restored_step
+    _restored_step = int(meta.get("step") or 0)
     return {"step": meta.get("step"), **(meta.get("extra") or {})}
 
 
@@ -268,8 +270,10 @@ class _AutoCheckpoint:
         if not isinstance(step, int) or step <= 0 or step % self.every or step == self.last:
             return
         self.last = step
-        save_checkpoint(self.directory / f"step-{step:08d}", step=step, **self.objects)
+        path = save_checkpoint(self.directory / f"step-{step:08d}", step=step, **self.objects)
         from . import rank
+
+        rank._publish({"cell": rank._state.cell, "checkpoint_saved": {"path": str(path), "step": step}})
 
         if self.keep and rank._require_ctx().rank == 0:
             done = sorted(p for p in self.directory.iterdir() if p.name.startswith("step-"))
@@ -297,6 +301,50 @@ def checkpoint_every(every: int | None, directory: str | os.PathLike | None = No
     if int(every) < 1 or directory is None:
         raise ValueError("checkpoint_every(N, directory, model=..., optimizer=...): N >= 1 steps and a directory.")
     _auto = _AutoCheckpoint(int(every), Path(directory).absolute(), keep, objects)
+    from . import rank
+
+    # The kernel keeps this, so that a restart after the ranks died can restore the
+    # newest checkpoint into the same variables (see jdist.recovery).
+    names = rank._names_in_namespace()
+    rank._publish({"cell": rank._state.cell, "checkpoint_every": {
+        "every": int(every), "directory": str(_auto.directory), "keep": keep,
+        "names": {key: names.get(id(obj)) for key, obj in objects.items()},
+    }})
+
+
+_restored_step = 0
+
+
+def restored_step() -> int:
+    """The step of the checkpoint restored last on this rank (by :func:`load_checkpoint` or
+    ``%dist restart``), 0 if none: where a training loop resumes.
+
+    >>> for step in range(jdist.restored_step(), total_steps): ...   # doctest: +SKIP
+    """
+    return _restored_step
+
+
+def restore_latest(directory: str, names: dict[str, str], every: int, keep: int | None) -> dict[str, Any]:
+    """Load the newest checkpoint of ``directory`` into the variables ``names`` ({object: variable
+    name}) of this rank's namespace and switch automatic checkpoints on again (``%dist restart``).
+    """
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    missing = sorted(var or f"<unnamed {key}>" for key, var in names.items() if not var or var not in ns)
+    if missing:
+        raise NameError(
+            f"{', '.join(missing)} not defined after replaying the set-up cells; define them and call "
+            "jdist.load_checkpoint(jdist.latest_checkpoint(...), model=..., ...) yourself."
+        )
+    objects = {key: ns[var] for key, var in names.items()}
+    path = latest_checkpoint(directory)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    loadable = {k: v for k, v in objects.items() if k in ("model", "optimizer", "scheduler", "loader")}
+    state = load_checkpoint(path, **loadable)
+    checkpoint_every(every, directory, keep=keep, **objects)
+    return {"path": str(path), "step": state.get("step")}
 
 
 def on_log(step: Any) -> None:

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -48,6 +51,10 @@ class ClusterConfig:
     ``timeout``: process-group timeout in seconds. ``start_timeout``: seconds to wait for
     engines to register. ``threads``: torch threads per CPU rank (None: cores / ranks).
     ``precision``: autocast dtype of prepared models, fp32/bf16/fp16 (changeable while running).
+    ``watchdog``: seconds without progress, while every running rank waits in a collective,
+    after which a cell counts as hung (0: off). ``auto_restart``: after the ranks died,
+    restart them and restore the newest automatic checkpoint. ``port``: fixed TCP port of
+    the process-group rendezvous (None: a private file store, no listening socket).
     """
 
     n: int
@@ -57,6 +64,9 @@ class ClusterConfig:
     start_timeout: float = 120.0
     threads: int | None = None
     precision: str = "fp32"
+    watchdog: float = 30.0
+    auto_restart: bool = False
+    port: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError with the fix for impossible settings (before anything starts)."""
@@ -69,6 +79,15 @@ class ClusterConfig:
             raise ValueError(missing)
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be positive seconds (got {self.timeout}).")
+        if self.watchdog < 0:
+            raise ValueError(f"--watchdog must be seconds >= 0 (0 turns it off; got {self.watchdog:g}).")
+        if self.port is not None:
+            if not 1024 <= self.port <= 65535:
+                raise ValueError(f"--port {self.port}: use a port from 1024 to 65535, or leave --port out.")
+            holder = port_in_use(self.port)
+            if holder:
+                raise ValueError(f"--port {self.port} is in use on this machine ({holder}). "
+                                 "Choose another --port, or leave --port out (no port is needed on one machine).")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}.")
         if self.gpus:
@@ -90,6 +109,39 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def port_in_use(port: int) -> str | None:
+    """Who holds TCP ``port`` on this machine (e.g. ``"PID 123, python"``), None if it is free."""
+    import psutil
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("", port))
+        return None
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f"PID {conn.pid}, {psutil.Process(conn.pid).name()}"
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        pass
+    return "held by another process"
+
+
+def oom_kills() -> int | None:
+    """The kernel's out-of-memory kill count for this process's cgroup (None if unknown)."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::")[-1]
+        for line in (Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def mpiexec_path() -> str:
     """The ``mpiexec`` of the running environment (``sys.prefix/bin``), else the one on PATH."""
     candidate = Path(sys.prefix) / "bin" / "mpiexec"
@@ -102,6 +154,50 @@ def mpiexec_path() -> str:
         f"No mpiexec found in {candidate.parent} or on PATH. Install MPI into this environment: "
         f"{sys.executable} -m pip install mpich mpi4py"
     )
+
+
+#: Shell around each engine: forwards the launcher's signals, then records the exit status.
+#: (A background job of a non-interactive shell starts with SIGINT ignored; the engine
+#: installs its own SIGINT handler, so interrupts still work.)
+RANK_WRAPPER = (
+    '"$@" & child=$!; '
+    "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
+    "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
+    "echo $code > {exit_file}; exit $code"
+)
+
+
+def _engine_launcher_class() -> type:
+    """ipyparallel's MPI engine launcher, reading mpiexec's output leniently.
+
+    The ranks share one output file; gforker may split a multi-byte character between
+    two writes (gloo's error text ends in an emoji), and ipyparallel's strict UTF-8 read
+    would then fail inside its stop callback.
+    """
+    from ipyparallel.cluster.launcher import MPIEngineSetLauncher
+
+    class JdistMPIEngineSetLauncher(MPIEngineSetLauncher):
+        def get_output(self, remove: bool = False) -> str:
+            if self._output is None and self.output_file:
+                try:
+                    with open(self.output_file, "rb") as f:
+                        self._output = f.read().decode("utf-8", errors="replace")
+                except FileNotFoundError:
+                    pass
+            return super().get_output(remove=remove)
+
+    return JdistMPIEngineSetLauncher
+
+
+def local_mpiexec() -> str:
+    """The launcher for ranks on this machine: MPICH's ``mpiexec.gforker`` when present.
+
+    Hydra (plain ``mpiexec``) keeps a control port open on every interface for the whole
+    job, whatever its options; gforker runs the ranks on one host and listens nowhere.
+    """
+    mpiexec = mpiexec_path()
+    gforker = Path(mpiexec).with_name("mpiexec.gforker")
+    return str(gforker) if gforker.exists() else mpiexec
 
 
 class DistributedCluster:
@@ -120,6 +216,12 @@ class DistributedCluster:
         self._engine_of_rank: dict[int, int] = {}
         self.started_at: float | None = None
         self.state_file: Path | None = None  # for the Jupyter server extension (jdist.server.state)
+        self.work_dir: Path | None = None  # private (0700): process-group store, rank stack dumps
+        #: What %dist restart replays before restoring a checkpoint: ("cell", code, ranks)
+        #: for cells that ended without error and logged nothing, ("push", name, value, ranks).
+        self.history: list[tuple[Any, ...]] = []
+        #: The ranks' last jdist.checkpoint_every settings and newest saved checkpoint.
+        self.checkpoint: dict[str, Any] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -142,7 +244,7 @@ class DistributedCluster:
         n = self.config.n
         t0 = time.perf_counter()
         cluster = ipp.Cluster(
-            engines="mpi",
+            engines=_engine_launcher_class(),
             n=n,
             cluster_id=f"jdist-{os.getpid()}-{uuid.uuid4().hex[:8]}",
             controller_ip="127.0.0.1",
@@ -151,8 +253,22 @@ class DistributedCluster:
             # the controller warns once per jdist data message ("unhandled iopub msg_type")
             controller_args=["--log-level=ERROR"],
         )
-        cluster.config.MPILauncher.mpi_cmd = [mpiexec_path()]
+        cluster.config.MPILauncher.mpi_cmd = [local_mpiexec()]
+        # MPICH's default UCX netmod listens on every interface: keep it on loopback
+        cluster.config.MPILauncher.environment = {
+            "UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo"),
+            # a rank told to exit must not wait in MPI_Finalize for peers that may be gone
+            "MPI4PY_RC_FINALIZE": "false",
+        }
         self.cluster = cluster
+        self.history, self.checkpoint = [], {}
+        self.work_dir = Path(tempfile.mkdtemp(prefix="jdist-"))  # mode 0700
+        # mpiexec reports only one exit status, often of a rank it killed while cleaning up:
+        # a shell around each engine writes the rank's own status (128+N: killed by signal N).
+        # mpiexec signals only its direct children (these shells): they pass signals on.
+        exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
+        cluster.config.MPIEngineSetLauncher.engine_cmd = ["/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file),
+                                                          "jdist-rank", sys.executable, "-m", "ipyparallel.engine"]
         try:
             say(f"Starting {n} MPI rank(s)...")
             cluster.start_controller_sync()
@@ -214,6 +330,7 @@ class DistributedCluster:
         controller = self.cluster.controller.process
         cfg = {
             **asdict(self.config),
+            "work_dir": str(self.work_dir),
             # the ranks end themselves (and the controller) if this process dies without stopping them
             "owner": {"host": socket.gethostname(), "pid": os.getpid(),
                       "controller": [controller.pid, controller.create_time()]},
@@ -225,6 +342,31 @@ class DistributedCluster:
             raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: {exc}") from exc
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(ar._targets, infos)}
         self.ranks = sorted(infos, key=lambda i: i["rank"])
+        self._watch_deaths()
+
+    def _watch_deaths(self) -> None:
+        """Note which rank process ends first (a thread waits on pidfds of this machine's ranks)."""
+        import select
+        import threading
+
+        fds = {}
+        for info in self.ranks:
+            try:
+                fds[os.pidfd_open(info["pid"])] = info["rank"]
+            except (OSError, AttributeError):  # another host's rank, or no pidfd support
+                pass
+        self._deaths: list[int] = []
+        deaths = self._deaths
+
+        def watch() -> None:
+            pending = dict(fds)
+            while pending:
+                ready, _, _ = select.select(list(pending), [], [])
+                for fd in sorted(ready, key=lambda f: pending[f]):
+                    deaths.append(pending.pop(fd))
+                    os.close(fd)
+
+        threading.Thread(target=watch, name="jdist-death-watch", daemon=True).start()
 
     def stop(self) -> None:
         """Stop engines and controller (teardown on the ranks first, best effort). Idempotent."""
@@ -234,6 +376,7 @@ class DistributedCluster:
             self.state_file.unlink(missing_ok=True)
             self.state_file = None
         self.ranks, self._engine_of_rank = [], {}
+        work_dir, self.work_dir = self.work_dir, None
         if client is not None:
             try:
                 from . import rank as rank_runtime
@@ -247,6 +390,8 @@ class DistributedCluster:
             # the controller keeps an engine-id file per cluster id; ours are never reused
             state = Path(cluster.profile_dir) / "log" / f"engines{cluster.cluster_id}.json"
             state.unlink(missing_ok=True)
+        if work_dir is not None:
+            shutil.rmtree(work_dir, ignore_errors=True)
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         """Stop and start again with the same configuration (all rank state is lost)."""
@@ -273,7 +418,8 @@ class DistributedCluster:
                 f"No rank {', '.join(map(str, bad))} in this cluster; ranks are 0..{self.config.n - 1}."
             )
         alive = set(client.ids)
-        gone = [r for r in ranks if self._engine_of_rank[r] not in alive]
+        dead = set(self.dead_ranks())
+        gone = [r for r in ranks if self._engine_of_rank[r] not in alive or r in dead]
         if gone:
             raise ClusterError(
                 f"Rank(s) {', '.join(map(str, gone))} are gone: their processes died. "
@@ -308,6 +454,94 @@ class DistributedCluster:
         view = self._require()[self.engine_ids(ranks)]
         view.push({name: value}, block=True)
 
+    # -- faults ----------------------------------------------------------------------------
+    def stacks(self, ranks: Sequence[int] | None = None, timeout: float = 2.0) -> dict[int, list[tuple[str, int, str]]]:
+        """The main thread's Python stack of each rank (innermost first), also while it is
+        blocked in C++ (faulthandler on SIGUSR1, sent by PID). Ranks that did not answer
+        within ``timeout`` map to an empty list."""
+        from . import guard
+
+        self._require()
+        assert self.work_dir is not None
+        wanted = [info for info in self.ranks if ranks is None or info["rank"] in ranks]
+        files = {}
+        for info in wanted:
+            path = self.work_dir / f"rank-{info['rank']}.txt"
+            if path.exists():
+                path.write_text("")  # the rank appends: start from an empty file
+            files[info["rank"]] = path
+            try:
+                os.kill(info["pid"], guard.STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        out: dict[int, list[tuple[str, int, str]]] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < len(wanted) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            for info in wanted:
+                r = info["rank"]
+                if r not in out and files[r].exists():
+                    frames = guard.parse_stacks(files[r].read_text(), info["main_thread"])
+                    if frames:
+                        out[r] = frames
+        return {info["rank"]: out.get(info["rank"], []) for info in wanted}
+
+    def _end_survivors(self) -> None:
+        """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""
+        import psutil
+
+        for info in self.ranks:
+            try:
+                proc = psutil.Process(info["pid"])
+                if "ipyparallel.engine" in " ".join(proc.cmdline()):  # still our engine, not a reused PID
+                    proc.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose process has ended, the first to end first (this machine's ranks only)."""
+        seen = list(getattr(self, "_deaths", []))
+        return seen + [info["rank"] for info in self.ranks if info["rank"] not in seen and not _pid_alive(info["pid"])]
+
+    def death_report(self, dead: Sequence[int], oom_before: int | None = None, wait: float = 2.0) -> dict[str, Any]:
+        """Which rank died first and why (it takes the others down: MPI ends the whole job).
+
+        The cause comes from the rank's own exit status, written by the shell around its
+        engine. Returns ``{"rank", "cause", "detail"}`` (detail: mpiexec's output so far).
+        ``oom_before``: :func:`oom_kills` taken earlier; a higher count now means the
+        kernel's out-of-memory killer acted.
+        """
+        deadline = time.monotonic() + wait
+        self._end_survivors()
+        text = ""
+        for launcher in (self.cluster.engines or {}).values() if self.cluster is not None else []:
+            try:
+                text += launcher.get_output(remove=False)
+            except Exception:  # only detail for the message: never let it hide the death itself
+                pass
+        first = dead[0] if dead else None
+        code = None
+        exit_file = self.work_dir / f"exit-{first}" if self.work_dir is not None else None
+        while exit_file is not None and time.monotonic() < deadline and not exit_file.exists():
+            time.sleep(0.02)
+        try:
+            code = int(exit_file.read_text()) if exit_file is not None else None
+        except (OSError, ValueError):
+            pass
+        oom_now = oom_kills()
+        if oom_before is not None and oom_now is not None and oom_now > oom_before:
+            cause = "killed by the out-of-memory killer (the machine ran out of memory)"
+        elif code == 128 + signal.SIGKILL:
+            cause = "killed by SIGKILL (kill -9, or the out-of-memory killer)"
+        elif code is not None and code > 128:
+            num = code - 128
+            cause = f"killed by {signal.Signals(num).name}" if num in signal.valid_signals() else f"killed by signal {num}"
+        elif code is not None:
+            cause = f"the process exited with code {code} (os._exit or sys.exit in the cell, or a crash)"
+        else:
+            cause = "the process ended (cause unknown)"
+        return {"rank": first, "cause": cause, "detail": text.strip()[-2000:]}
+
     def set_precision(self, precision: str) -> None:
         """Change the autocast precision on every rank (prepared models included), no restart."""
         new = replace(self.config, precision=precision)
@@ -318,10 +552,12 @@ class DistributedCluster:
     def status(self) -> dict[str, Any]:
         """Config, uptime and per-rank info with ``state`` busy/idle/dead (from the controller)."""
         states = engine_states(self._require())
+        dead = set(self.dead_ranks())
         ranks = []
         for info in self.ranks:
             eid = self._engine_of_rank[info["rank"]]
-            ranks.append({**info, "engine_id": eid, "state": states.get(eid, "dead")})
+            state = "dead" if info["rank"] in dead else states.get(eid, "dead")
+            ranks.append({**info, "engine_id": eid, "state": state})
         return {
             "config": asdict(self.config),
             "uptime_s": time.time() - (self.started_at or time.time()),
@@ -364,6 +600,15 @@ def _process_alive(proc: Any) -> bool:
         return True
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

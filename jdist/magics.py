@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import traceback
+from dataclasses import replace
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import cluster as cl
+from . import guard, recovery
 from .runner import raise_for_result, run_cell
 
 
@@ -76,6 +78,9 @@ def _config_from(args: Any) -> cl.ClusterConfig:
             start_timeout=args.start_timeout,
             threads=args.threads,
             precision=args.precision or "fp32",
+            watchdog=args.watchdog if args.watchdog is not None else 30.0,
+            auto_restart=bool(args.auto_restart),
+            port=args.port,
         )
         cfg.validate()
     except ValueError as exc:
@@ -93,6 +98,8 @@ def _conflicts(running: cl.ClusterConfig, args: Any) -> list[str]:
         out.append(f"--backend {args.backend} (running: {running.backend})")
     if args.timeout is not None and args.timeout != running.timeout:
         out.append(f"--timeout {args.timeout:g} (running: {running.timeout:g})")
+    if args.port is not None and args.port != running.port:
+        out.append(f"--port {args.port} (running: {running.port or 'none, a file store'})")
     return out
 
 
@@ -119,6 +126,14 @@ class DistributedMagics(Magics):
     @argument("--precision", default=None, choices=["fp32", "bf16", "fp16"],
               help="Autocast precision of prepared models (fp16 adds a GradScaler; jdist.backward applies it). "
                    "Kept for later cells; changing it needs no restart.")
+    @argument("--watchdog", type=float, default=None,
+              help="Seconds without progress, with every running rank waiting in a collective, after which the "
+                   "cell is reported as hung with each rank's stack and the ranks are released (default 30; 0: off).")
+    @argument("--auto-restart", action="store_true",
+              help="If the rank processes die, restart them at once, replay the set-up cells and restore the newest "
+                   "jdist.checkpoint_every checkpoint (kept for later cells).")
+    @argument("--port", type=int, default=None,
+              help="Fixed TCP port for the process-group rendezvous (default: none; a private file store is used).")
     @argument("--run-dir", default=None, help="Folder for run logs (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).")
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
@@ -148,7 +163,13 @@ class DistributedMagics(Magics):
         result = run_cell(
             cluster, cell, ranks=ranks, output=args.output, dashboard=not args.no_dashboard, run_dir=args.run_dir
         )
-        raise_for_result(result, cluster.config.n)
+        notes = []
+        if result.death is not None and cluster.config.auto_restart:
+            _say(f"jdist: rank {result.death['rank']} died ({result.death['cause']}); restarting (--auto-restart)...")
+            notes.append(recovery.restart(cluster, _say))
+        elif not (result.failed or result.interrupted or result.death or result.hang) and result.run is None:
+            cluster.history.append(("cell", cell, ranks))  # a set-up cell: replayed by %dist restart
+        raise_for_result(result, cluster.config.n, notes)
 
     def _check_syntax(self, cell: str) -> None:
         try:
@@ -168,6 +189,18 @@ class DistributedMagics(Magics):
             if args.precision is not None and args.precision != running.config.precision:
                 running.set_precision(args.precision)
                 _say(f"Precision is now {args.precision} on all ranks (prepared models included).")
+            kernel_side = {}  # options the kernel applies itself: no restart needed
+            if args.watchdog is not None:
+                kernel_side["watchdog"] = args.watchdog
+            if args.auto_restart:
+                kernel_side["auto_restart"] = True
+            if kernel_side:
+                new = replace(running.config, **kernel_side)
+                try:
+                    new.validate()
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                running.config = new
             return running
         if running is not None:  # --restart: options not given are kept
             if args.n is None and args.gpus is None:
@@ -175,6 +208,9 @@ class DistributedMagics(Magics):
             args.backend = args.backend or running.config.backend
             args.timeout = running.config.timeout if args.timeout is None else args.timeout
             args.precision = args.precision or running.config.precision
+            args.watchdog = running.config.watchdog if args.watchdog is None else args.watchdog
+            args.auto_restart = args.auto_restart or running.config.auto_restart
+            args.port = running.config.port if args.port is None else args.port
         elif args.n is None and args.gpus is None:
             raise UsageError("No cluster is running: start one with %%distributed -n 2 (CPU ranks) or --gpus N.")
         cfg = _config_from(args)
@@ -195,17 +231,22 @@ class DistributedMagics(Magics):
         return cluster
 
     @magic_arguments()
-    @argument("command", choices=["status", "stop", "restart", "pull", "push"],
-              help="status: ranks and state; stop; restart (state is lost); pull NAME; push NAME.")
+    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push"],
+              help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
+                   "set-up cells and restores the newest checkpoint); pull NAME; push NAME.")
     @argument("name", nargs="?", default=None, help="Variable name for pull/push.")
+    @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
     @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself).")
     @line_magic
     def dist(self, line: str) -> Any:
         """Manage the jdist cluster of this kernel.
 
         ``%dist status``       ranks, hosts, devices, backend, busy/idle
+        ``%dist stacks``       each rank's Python stack: which line it runs or waits on
         ``%dist stop``         stop the cluster
-        ``%dist restart``      restart it with the same options (rank state is lost)
+        ``%dist restart``      restart it with the same options, replay the set-up cells (those
+                               that logged nothing) and restore the newest jdist.checkpoint_every
+                               checkpoint; ``--fresh``: empty ranks
         ``%dist pull NAME``    set NAME in the notebook to [value on rank 0, rank 1, ...];
                                ``--rank R`` for the value of one rank
         ``%dist push NAME``    send the notebook's NAME to every rank (or ``--rank R``)
@@ -227,14 +268,17 @@ class DistributedMagics(Magics):
                 cluster.stop()
                 cl.set_current(None)
                 _say("Cluster stopped.")
+            elif args.command == "stacks":
+                _say(format_stacks(cluster.stacks(ranks), cluster.config.backend == "ddp"))
             elif args.command == "restart":
-                cluster.restart(_say)
+                _say(recovery.restart(cluster, _say, restore=not args.fresh))
             elif args.command == "pull":
                 return self._pull(cluster, args.name, ranks)
             elif args.command == "push":
                 if args.name not in self.shell.user_ns:
                     raise UsageError(f"%dist push {args.name}: no variable {args.name!r} in the notebook.")
                 cluster.push(args.name, self.shell.user_ns[args.name], ranks)
+                cluster.history.append(("push", args.name, self.shell.user_ns[args.name], ranks))
                 _say(f"Pushed {args.name} to {'rank ' + str(args.rank) if ranks else 'all ranks'}.")
         except (ValueError, cl.ClusterError) as exc:
             raise UsageError(str(exc)) from None
@@ -258,6 +302,16 @@ class DistributedMagics(Magics):
         self.shell.user_ns[name] = values[0] if ranks else values
         where = f"rank {ranks[0]}" if ranks else f"{len(values)} ranks (list in rank order)"
         _say(f"{name} <- {where}")
+
+
+def format_stacks(stacks: dict[int, list[tuple[str, int, str]]], ddp: bool = False) -> str:
+    """``%dist stacks`` text: per rank a one-line summary, then its stack (outermost first)."""
+    out = []
+    for rank, frames in sorted(stacks.items()):
+        out.append(f"rank {rank}: {guard.summary(frames, ddp)}")
+        if frames:
+            out.append(guard.format_stack(frames))
+    return "\n".join(out)
 
 
 def format_status(status: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -111,7 +112,12 @@ def setup(config: dict[str, Any]) -> dict[str, Any]:
         master_addr=master_addr,
         timeout_s=float(config.get("timeout", 60)),
         comm=comm,
+        work_dir=config.get("work_dir"),
+        port=config.get("port"),
     )
+    from . import guard
+
+    guard.install(rank, config.get("work_dir"), ddp=config["backend"] == "ddp")
     backend = get_backend(config["backend"])()
     backend.setup(ctx, _state.timer)
     _state.ctx, _state.backend, _state.backend_name = ctx, backend, config["backend"]
@@ -188,6 +194,7 @@ def info() -> dict[str, Any]:
         "pid": os.getpid(),
         "device": str(ctx.device),
         "backend": _state.backend_name,
+        "main_thread": threading.main_thread().ident,
     }
 
 
@@ -384,6 +391,40 @@ def records(cell: int, seqs: list[int]) -> list[dict[str, Any]]:
         return []
     wanted = set(seqs)
     return [r for part in (_state.first, _state.latest) for r in part if r["seq"] in wanted]
+
+
+def repair_group() -> dict[str, Any]:
+    """Re-create the process group after a release broke it (all ranks at once, over MPI).
+
+    Variables stay. DDP models are re-attached to the new group; models of other backends
+    that hold the old group (FSDP's device mesh) are reported by name: prepare them again.
+    Returns ``{"released_from", "reattached", "stale"}`` for the kernel's message.
+    """
+    from . import guard, training
+    from .backends import _torch
+
+    ctx = _require_ctx()
+    released = guard.state()["released_from"]
+    group = _torch.recreate_process_group(ctx)
+    reattached, stale = [], []
+    names = _names_in_namespace()
+    for model in list(training._train.models):
+        label = names.get(id(model), type(model).__name__)
+        if hasattr(model, "_update_process_group"):  # DistributedDataParallel
+            model._update_process_group(group)
+            reattached.append(label)
+        elif _state.backend_name == "fsdp":
+            stale.append(label)
+    return {"released_from": released, "reattached": sorted(reattached), "stale": sorted(stale)}
+
+
+def _names_in_namespace() -> dict[int, str]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return {}
+    return {id(v): k for k, v in shell.user_ns.items() if not k.startswith("_")}
 
 
 def teardown() -> None:

@@ -22,11 +22,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from . import guard
 from .cluster import DistributedCluster
 from .metrics import Run, RunLog, missing_seqs, new_run_id
 
 #: How long to wait for ranks after an interrupt before telling the user they are stuck.
 INTERRUPT_GRACE_S = 10.0
+#: After a rank failed, how long the others may go on before they are released.
+RELEASE_GRACE_S = 0.25
 
 DEAD_HINT = (
     "The rank processes died (MPI ends the whole job when one rank exits or is killed). "
@@ -48,9 +51,10 @@ def all_runs() -> tuple[Run, ...]:
 class RankError(Exception):
     """One or more ranks raised. Shows the failing ranks and the first failing rank's traceback once."""
 
-    def __init__(self, failed: dict[int, Any], world_size: int, first: int):
+    def __init__(self, failed: dict[int, Any], world_size: int, first: int, notes: Sequence[str] = ()):
         self.failed = failed
         self.first = first
+        self.notes = list(notes)
         err = failed[first]
         ranks = ", ".join(map(str, sorted(failed)))
         self.headline = (
@@ -69,18 +73,44 @@ class RankError(Exception):
             lines += [f"rank {r}: {e.ename}: {e.evalue}" for r, e in sorted(others.items())]
         if any(e.ename == "EngineError" for e in self.failed.values()):
             lines += ["", DEAD_HINT]
-        return lines
+        return lines + ([""] + self.notes if self.notes else [])
+
+
+class _Fault(Exception):
+    """A fault shown as a few plain lines (no traceback of jdist's own code)."""
+
+    def __init__(self, lines: Sequence[str]):
+        self.lines = list(lines)
+        super().__init__(self.lines[0])
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self.lines[0]}", *self.lines[1:]]
+
+
+class RankDied(_Fault):
+    """A rank process ended (killed, out of memory, exited): MPI ended the others too."""
+
+
+class HangError(_Fault):
+    """The watchdog saw every running rank wait in a collective without progress."""
 
 
 @dataclass
 class CellResult:
-    """What happened to one cell: its run (None if nothing was logged), errors, interruption."""
+    """What happened to one cell: its run (None if nothing was logged), errors and faults."""
 
     run: Run | None
-    failed: dict[int, Any] = field(default_factory=dict)
+    failed: dict[int, Any] = field(default_factory=dict)  # ranks whose own code failed
     first_failed: int | None = None
-    interrupted: bool = False
-    stuck: list[int] = field(default_factory=list)
+    interrupted: bool = False  # the user interrupted the kernel
+    released: list[int] = field(default_factory=list)  # ranks stopped because of a failure or hang
+    hang: dict[int, str] | None = None  # rank -> the collective it waited in
+    death: dict[str, Any] | None = None  # {"rank", "cause", "detail"} when rank processes died
+    repaired: dict[str, Any] | None = None  # the re-created process group (see _repair_group)
+    stuck: list[int] = field(default_factory=list)  # ranks that did not stop
+    stuck_stacks: dict[int, str] = field(default_factory=dict)
+    ranks: list[int] = field(default_factory=list)  # the ranks the cell ran on
+    watchdog_s: float = 0.0
     elapsed_s: float = 0.0
 
 
@@ -174,6 +204,10 @@ class _Collector:
         if not isinstance(payload, dict) or "cell" not in payload:
             return  # not a jdist.rank message (someone else published under our key)
         self.cells[rank] = payload["cell"]
+        if rank == 0 and "checkpoint_every" in payload:
+            self.cluster.checkpoint = dict(payload["checkpoint_every"])
+        if rank == 0 and "checkpoint_saved" in payload:
+            self.cluster.checkpoint["latest"] = payload["checkpoint_saved"]
         if payload.get("total_steps") is not None or payload.get("records"):
             run = self._ensure_run()
             if payload.get("total_steps") is not None:
@@ -248,63 +282,171 @@ def run_cell(
     """Run ``code`` on ``ranks`` (default all), streaming output and metrics until it ends.
 
     ``output``: ``rank0`` (lowest selected rank, live), ``all`` (every rank, line by line,
-    labelled) or ``none``. A KeyboardInterrupt in the kernel (Kernel -> Interrupt) is
-    forwarded to the ranks as SIGINT. Returns a :class:`CellResult`; errors are not raised
-    here (see :func:`raise_for_result`).
+    labelled) or ``none``. Faults are handled while it waits (see docs/reliability.md):
+
+    * a KeyboardInterrupt in the kernel (Kernel -> Interrupt) is forwarded to the ranks
+      as SIGINT; ranks blocked in a collective are released by :mod:`jdist.guard`;
+    * when a rank fails while others still run, those are released after
+      ``RELEASE_GRACE_S`` (they would wait for the failed rank in the next collective);
+    * when nothing progressed for ``cluster.config.watchdog`` seconds and every running
+      rank waits in a collective, the cell is a hang: the ranks' stacks are shown and
+      the ranks released;
+    * a rank process that dies ends the cell at once, naming the rank and the cause.
+
+    A process group broken by a release is re-created on all ranks before returning.
+    Returns a :class:`CellResult`; errors are not raised here (see :func:`raise_for_result`).
     """
+    from .cluster import oom_kills
+
     t0 = time.perf_counter()
     targets = cluster.engine_ids(ranks)
     selected = [cluster.rank_of_engine(e) for e in targets]
     inbox: queue.SimpleQueue[tuple[int, str, Any]] = queue.SimpleQueue()
+    oom_before = oom_kills()
     ar = cluster.execute(code, selected)
     _attach(ar, cluster, inbox)
     collector = _Collector(cluster, code, _Printer(output, selected), dashboard, run_dir)
+    result = CellResult(None, ranks=selected, watchdog_s=cluster.config.watchdog)
+    watchdog = cluster.config.watchdog
+    last_progress = time.monotonic()
+    done_count = 0
+    failed_at: float | None = None
+    deadline: float | None = None
 
-    def drain() -> None:
+    def drain() -> bool:
+        got = False
         while True:
             try:
                 collector.handle(*inbox.get_nowait())
+                got = True
             except queue.Empty:
-                return
+                return got
 
-    interrupted = False
-    deadline: float | None = None
-    warned = False
+    def running() -> list[int]:
+        return [r for r, c in zip(selected, ar._children) if not c.done()]
+
+    def release(why: str) -> None:
+        nonlocal deadline
+        result.released = running()
+        cluster.interrupt(result.released)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+
     while not ar.ready():
         try:
             ar.wait(poll_s)
-            drain()
+            now = time.monotonic()
+            if drain():
+                last_progress = now
             collector.tick()
-            if not warned:
-                warned = _warn_partial_failure(ar, selected, cluster.config.timeout)
+            done = sum(c.done() for c in ar._children)
+            if done != done_count:
+                done_count, last_progress = done, now
+            dead = cluster.dead_ranks()
+            if dead:
+                result.death = cluster.death_report(dead, oom_before)
+                break
+            if deadline is None and failed_at is None and _partial_failure(ar, selected):
+                failed_at = now
+            if deadline is None and failed_at is not None and now - failed_at >= RELEASE_GRACE_S:
+                release("failure")
+            if deadline is None and watchdog and now - last_progress >= watchdog:
+                waiting = _waiting_ranks(cluster, running())
+                if waiting is not None:
+                    result.hang = waiting
+                    release("hang")
+                last_progress = now
         except KeyboardInterrupt:
-            if not interrupted:
-                interrupted = True
+            if not result.interrupted:
+                result.interrupted = True
                 cluster.interrupt(selected)
                 deadline = time.monotonic() + INTERRUPT_GRACE_S
         if deadline is not None and time.monotonic() > deadline and not ar.ready():
             break
-    stuck: list[int] = []
-    if ar.ready():
+    if result.death is None and ar.ready():
         ar.wait_for_output(timeout=5)
-    else:
-        stuck = [r for r, c in zip(selected, ar._children) if not c.done()]
+    elif result.death is None:
+        result.stuck = running()
+        result.stuck_stacks = {r: guard.summary(f, cluster.config.backend == "ddp") for r, f in cluster.stacks(result.stuck).items()}
     drain()
     failed, completed = _failures(ar, selected) if ar.ready() else ({}, {})
-    dead = [r for r, e in failed.items() if e.ename == "EngineError"]
-    if ar.ready() and not dead:
+    if result.death is not None:
+        failed = {r: _died(r, result.death) for r in selected}
+    elif ar.ready():
         try:
             collector.repair(selected)
         except Exception as exc:  # say so rather than hide it
             print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
     collector.printer.close()
+    if result.death is None and (result.interrupted or result.released) and not result.stuck:
+        result.repaired = _repair_group(cluster)
 
-    interrupted = interrupted or any(e.ename == "KeyboardInterrupt" for e in failed.values())
-    status = "interrupted" if interrupted else ("failed" if failed else "finished")
-    first = _first_failure(failed, completed) if failed else None
-    error = f"rank {first}: {failed[first].ename}: {failed[first].evalue}" if first is not None else None
+    released = {r for r in result.released if r in failed}
+    origin = {r: e for r, e in failed.items() if r not in released}
+    user_interrupt = result.interrupted or (
+        bool(failed) and not result.released and all(e.ename == "KeyboardInterrupt" for e in failed.values())
+    )
+    result.interrupted = user_interrupt
+    result.failed = origin if origin else ({} if user_interrupt else failed)
+    if result.hang is not None and not origin:
+        result.failed = {}
+    status = "interrupted" if user_interrupt else ("failed" if failed or result.hang else "finished")
+    result.first_failed = _first_failure(result.failed, completed) if result.failed else None
+    error = None
+    if result.death is not None:
+        error = f"rank {result.death['rank']} died: {result.death['cause']}"
+    elif result.hang is not None:
+        error = "hang: " + "; ".join(f"rank {r}: {w}" for r, w in sorted(result.hang.items()))
+    elif result.first_failed is not None:
+        e = result.failed[result.first_failed]
+        error = f"rank {result.first_failed}: {e.ename}: {e.evalue}"
     collector.finish(status, error)
-    return CellResult(collector.run, failed, first, interrupted, stuck, time.perf_counter() - t0)
+    result.run = collector.run
+    result.elapsed_s = time.perf_counter() - t0
+    return result
+
+
+def _died(rank: int, death: dict[str, Any]) -> Any:
+    from ipyparallel.error import RemoteError
+
+    if rank == death["rank"]:
+        return RemoteError("RankDied", f"the process of rank {rank} ended: {death['cause']}", "")
+    return RemoteError("RankDied", f"ended by MPI after rank {death['rank']} died", "")
+
+
+def _partial_failure(ar: Any, selected: Sequence[int]) -> bool:
+    """Some ranks failed while others still run (they may wait for them in a collective)."""
+    failed = any(c.done() and md.get("status") == "error" for c, md in zip(ar._children, ar.metadata))
+    return failed and not all(c.done() for c in ar._children)
+
+
+def _waiting_ranks(cluster: DistributedCluster, running: list[int]) -> dict[int, str] | None:
+    """``{rank: "all_reduce (cell line 3)"}`` if every running rank waits in a collective, else None."""
+    if not running:
+        return None
+    ddp = cluster.config.backend == "ddp"
+    waiting = {r: guard.describe(frames, ddp) for r, frames in cluster.stacks(running).items()}
+    if not all(waiting.values()):
+        return None
+    return {r: w for r, w in waiting.items() if w}
+
+
+def _repair_group(cluster: DistributedCluster) -> dict[str, Any] | None:
+    """Re-create the process group on all ranks if a release broke it; what was kept."""
+    from . import guard as rank_guard
+    from . import rank as rank_runtime
+
+    try:
+        states = cluster.apply(rank_guard.state, timeout=10)
+        if not any(st["broken"] for st in states):
+            return None
+        reports = cluster.apply(rank_runtime.repair_group, timeout=cluster.config.timeout + 10)
+    except Exception as exc:  # the ranks are not usable: say what to do
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "released_from": {r: rep["released_from"] for r, rep in enumerate(reports) if rep["released_from"]},
+        "reattached": reports[0]["reattached"],
+        "stale": reports[0]["stale"],
+    }
 
 
 def _attach(ar: Any, cluster: DistributedCluster, inbox: "queue.SimpleQueue[tuple[int, str, Any]]") -> None:
@@ -333,22 +475,6 @@ def _attach(ar: Any, cluster: DistributedCluster, inbox: "queue.SimpleQueue[tupl
                 inbox.put((rank, "stream", {"name": name, "text": md[name]}))
 
 
-def _warn_partial_failure(ar: Any, selected: Sequence[int], timeout: float) -> bool:
-    """Say so at once when some ranks failed while others still run (they may wait in a collective)."""
-    failed = [r for r, c, md in zip(selected, ar._children, ar.metadata) if c.done() and md.get("status") == "error"]
-    running = [r for r, c in zip(selected, ar._children) if not c.done()]
-    if not failed or not running:
-        return False
-    print(
-        f"jdist: rank(s) {', '.join(map(str, failed))} failed; rank(s) {', '.join(map(str, running))} still running. "
-        f"If they wait in a collective, they fail after the {timeout:g} s process-group timeout "
-        "(--timeout); interrupt the kernel to stop them now.",
-        file=sys.stderr,
-        flush=True,
-    )
-    return True
-
-
 def _failures(ar: Any, selected: Sequence[int]) -> tuple[dict[int, Any], dict[int, Any]]:
     """Per rank: the RemoteError of a failed rank (engine death included), and completion times."""
     from ipyparallel.error import RemoteError
@@ -375,19 +501,62 @@ def _first_failure(failed: dict[int, Any], completed: dict[int, Any]) -> int:
     return min(failed, key=lambda r: (completed.get(r) is None, completed.get(r) or 0, r))
 
 
-def raise_for_result(result: CellResult, world_size: int) -> None:
-    """Raise :class:`RankError` (one concise error) or KeyboardInterrupt for a failed/interrupted cell."""
+def fault_notes(result: CellResult) -> list[str]:
+    """What was done about released or stuck ranks and what was kept, as lines for the user."""
+    lines = []
+    rep = result.repaired or {}
+    where = rep.get("released_from", {})
+    if result.released:
+        why = "of the hang" if result.hang is not None else (
+            f"rank {result.first_failed} failed" if result.first_failed is not None else "of the interrupt")
+        for r in result.released:
+            how = f"it was waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt"
+            lines.append(f"rank {r}: released because {why} ({how}).")
+    if "error" in rep:
+        lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
+    elif result.repaired:
+        text = "The process group was re-created on all ranks; variables on the ranks are kept"
+        if rep["reattached"]:
+            text += f", and DDP model(s) {', '.join(rep['reattached'])} now use the new group"
+        lines.append(text + ".")
+        if rep["stale"]:
+            lines.append(
+                f"Not kept: FSDP model(s) {', '.join(rep['stale'])} hold the old group; prepare them again "
+                "(e.g. from jdist.latest_checkpoint), or %dist restart."
+            )
+    if result.stuck:
+        lines.append(f"rank(s) {', '.join(map(str, result.stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s:")
+        lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
+        lines.append("Run %dist restart to get the ranks back (their variables are lost; %dist stacks shows where they are).")
+    return lines
+
+
+def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = ()) -> None:
+    """Raise one concise error for a failed, hung, dead or interrupted cell (nothing if it finished).
+
+    :class:`RankDied`, :class:`HangError`, :class:`RankError` or KeyboardInterrupt;
+    ``notes``: extra lines (e.g. what an automatic restart did).
+    """
+    extra = fault_notes(result) + list(notes)
+    if result.death is not None:
+        d = result.death
+        raise RankDied([
+            f"rank {d['rank']} died: {d['cause']}. MPI ended the other rank(s) too "
+            f"(detected after {result.elapsed_s:.1f} s).",
+            *(extra or ["Run %dist restart to start fresh ranks: it replays the set-up cells and restores the "
+                        "newest checkpoint of jdist.checkpoint_every, if there is one; other variables are lost."]),
+        ])
+    if result.hang is not None and not result.failed:
+        finished = [r for r in result.ranks if r not in result.hang]
+        lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
+                 "(--watchdog).", *[f"  rank {r}: waiting in {w}" for r, w in sorted(result.hang.items())]]
+        lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+        raise HangError(lines + extra)
     if result.interrupted:
         msg = "Interrupted: every rank received SIGINT"
-        if result.stuck:
-            msg += (
-                f"; rank(s) {', '.join(map(str, result.stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s "
-                "(blocked in a collective?). Run %dist restart to get the ranks back (their state is lost)."
-            )
-        else:
-            msg += " and stopped; variables on the ranks are kept."
-        print(msg, file=sys.stderr)
+        msg += "." if result.stuck else " and stopped; variables on the ranks are kept."
+        print("\n".join([msg, *extra]), file=sys.stderr)
         raise KeyboardInterrupt(msg)
     if result.failed:
         assert result.first_failed is not None
-        raise RankError(result.failed, world_size, result.first_failed)
+        raise RankError(result.failed, world_size, result.first_failed, extra)

@@ -109,10 +109,15 @@ def test_precision_changes_without_restart_and_applies_to_prepared_models(cluste
     assert out.stdout.strip().endswith("torch.float32")
 
 
-def test_restart_loses_state_and_keeps_options(cluster_kernel):
-    cluster_kernel.run("%%distributed\nbefore_restart = 1")
+def test_restart_replays_setup_cells_and_fresh_loses_state(cluster_kernel):
+    cluster_kernel.run("%%distributed\nbefore_restart = rank + 1")
     out = cluster_kernel.run("%dist restart")
-    assert "Ready: 2 rank(s), backend ddp" in out.stdout
+    assert "Ready: 2 rank(s), backend ddp" in out.stdout and "set-up cell(s)" in out.stdout
+    assert "jdist.checkpoint_every was not used, so training progress is lost" in out.stdout
+    out = cluster_kernel.run("%%distributed\nprint(before_restart, world_size)")
+    assert out.stdout.strip() == "1 2"
+    out = cluster_kernel.run("%dist restart --fresh")
+    assert "variables on the ranks are lost (--fresh)" in out.stdout
     out = cluster_kernel.run("%%distributed\nprint('before_restart' in globals(), world_size)")
     assert out.stdout.strip() == "False 2"
     out = cluster_kernel.run("%%distributed --restart\nprint(world_size)")

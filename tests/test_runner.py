@@ -163,35 +163,15 @@ def test_interrupt_reaches_every_rank_and_keeps_state(cluster_kernel):
 
 
 def test_rank_death_is_reported_and_restart_recovers(cluster_kernel):
-    # A rank that exits takes the MPI job down: every rank is reported, with what to do.
+    # A rank that exits takes the MPI job down: the rank and its exit status are named, with what to do.
     out = cluster_kernel.run("%%distributed\nimport os, time\nif rank == 1:\n    os._exit(3)\ntime.sleep(60)",
                              allow_error=True, timeout=60)
-    assert out.elapsed < 30
-    assert out.error["ename"] == "RankError" and "EngineError" in out.traceback
+    assert out.elapsed < 10
+    assert out.error["ename"] == "RankDied" and "rank 1 died: the process exited with code 3" in out.traceback
     assert "%dist restart" in out.traceback
     status = cluster_kernel.run("%dist status").stdout
     assert status.count("dead") == 2
     out = cluster_kernel.run("%%distributed\nx = 1", allow_error=True)
     assert "are gone" in out.traceback and "%dist restart" in out.traceback
-    cluster_kernel.run("%dist restart")
+    cluster_kernel.run("%dist restart --fresh")
     assert cluster_kernel.run("%%distributed\nprint(world_size)").stdout.strip() == "2"
-
-
-def test_failure_while_others_wait_is_announced_at_once(cluster_kernel):
-    # rank 1 fails, rank 0 waits in an all-reduce: the user hears about it before the timeout.
-    msg_id = cluster_kernel.start(
-        "%%distributed\nimport torch, torch.distributed as dist\n"
-        "if rank == 1:\n    raise RuntimeError('rank 1 broke')\n"
-        "dist.all_reduce(torch.ones(1))"
-    )
-    t0 = time.monotonic()
-    seen = ""
-    while "still running" not in seen and time.monotonic() - t0 < 10:
-        msg = cluster_kernel.kc.get_iopub_msg(timeout=10)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            seen += msg["content"]["text"]
-    assert "rank(s) 1 failed; rank(s) 0 still running" in seen and "interrupt" in seen
-    assert time.monotonic() - t0 < 5
-    cluster_kernel.km.interrupt_kernel()
-    out = cluster_kernel.collect(msg_id, timeout=40)
-    assert out.error is not None

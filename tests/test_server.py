@@ -256,7 +256,7 @@ def test_restart_and_stop_run_in_the_idle_kernel(server, session):
     old_file = state.clusters_dir(server.dirs["runtime"]) / f"{old['cluster_id']}.json"
     assert old_file.exists()
     status, body = server.request("POST", f"{API}/clusters/{old['cluster_id']}/restart")
-    assert status == 200 and body["message"].startswith("Ready: 2 rank(s)"), body
+    assert status == 200 and body["message"].startswith("Restarted 2 rank(s)"), body
     (new,) = clusters(server)
     assert new["cluster_id"] != old["cluster_id"] and new["kernel_id"] == old["kernel_id"]
     assert [r["state"] for r in new["ranks"]] == ["idle", "idle"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from .base import Backend, CommTimer, RankContext
 
 
@@ -28,29 +31,80 @@ class TorchBackend(Backend):
 
 
 def init_process_group(ctx: RankContext) -> None:
-    """Initialise the default process group over MPI-exchanged TCPStore coordinates.
+    """Initialise the default process group; nothing listens beyond loopback on one host.
 
-    Rank 0 opens a TCPStore on a free port (port 0: the OS picks it, no race),
-    broadcasts the port over MPI, and every rank joins with ``ctx.timeout``.
-    gloo on CPU ranks, NCCL on CUDA ranks.
+    One host: a ``FileStore`` in the cluster's private folder (a new file per
+    generation, so a re-created group never sees the old one's keys) and gloo pairs on
+    the loopback interface. ``ctx.port`` (``--port``): a ``TCPStore`` on that port of
+    rank 0's host. Several hosts: a ``TCPStore`` on a free port of rank 0's host,
+    broadcast over MPI. gloo on CPU ranks, NCCL on CUDA ranks. The sockets the group
+    opens are noted for :func:`jdist.guard.break_group`.
+    """
+    import torch.distributed as dist
+
+    from .. import guard
+
+    if dist.is_initialized():
+        return
+    if ctx.single_host:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    before = guard.socket_fds()
+    store: Any
+    if ctx.port is None and ctx.single_host and ctx.work_dir:
+        path = os.path.join(ctx.work_dir, f"store-{ctx.generation}")
+        store = dist.FileStore(path, ctx.world_size)
+    else:
+        store = _tcp_store(ctx)
+    kind = "nccl" if ctx.device_kind == "cuda" else "gloo"
+    kwargs = {"device_id": ctx.device} if kind == "nccl" else {}
+    dist.init_process_group(kind, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=ctx.timeout, **kwargs)
+    ctx._store = store  # type: ignore[attr-defined]  # keep it alive as long as the group
+    guard.note_group_sockets(before)
+
+
+def _tcp_store(ctx: RankContext) -> Any:
+    import torch.distributed as dist
+
+    store = None
+    port = ctx.port or 0
+    error = None
+    if ctx.rank == 0:
+        try:
+            store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, True, timeout=ctx.timeout,
+                                  wait_for_workers=False)
+            port = store.port
+        except RuntimeError as exc:
+            error = f"rank 0 could not listen on {ctx.hostname}:{port} for the process group ({exc})"
+    port, error = ctx.comm.bcast((port, error), root=0)
+    if error:
+        raise RuntimeError(f"{error}. Choose another --port, or leave --port out.")
+    if store is None:
+        store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, False, timeout=ctx.timeout)
+    return store
+
+
+def recreate_process_group(ctx: RankContext) -> Any:
+    """Destroy the (broken) default group and make a new one on every rank; returns it.
+
+    Collective over MPI, not over the old group, so it works when that group is broken.
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return
-    store = None
-    port = 0
-    if ctx.rank == 0:
-        store = dist.TCPStore(ctx.master_addr, 0, ctx.world_size, True, timeout=ctx.timeout, wait_for_workers=False)
-        port = store.port
-    port = ctx.comm.bcast(port, root=0)
-    if store is None:
-        store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, False, timeout=ctx.timeout)
-    kind = "nccl" if ctx.device_kind == "cuda" else "gloo"
-    kwargs = {"device_id": ctx.device} if kind == "nccl" else {}
-    dist.init_process_group(kind, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=ctx.timeout, **kwargs)
-    # keep the store alive as long as the group: rank 0 hosts it
-    ctx._store = store  # type: ignore[attr-defined]
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a broken group may complain while shutting down; it is gone either way
+            pass
+    old = ctx.generation
+    ctx.generation += 1
+    ctx.comm.Barrier()  # every rank has let go of the old group before the new one forms
+    if ctx.rank == 0 and ctx.work_dir:
+        try:
+            os.unlink(os.path.join(ctx.work_dir, f"store-{old}"))
+        except FileNotFoundError:
+            pass
+    init_process_group(ctx)
+    return dist.distributed_c10d._get_default_group()
 
 
 def destroy_process_group() -> None:

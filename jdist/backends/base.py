@@ -34,6 +34,13 @@ class RankContext:
     master_addr: str
     timeout_s: float
     comm: Any = None  # mpi4py.MPI.Comm over all ranks
+    work_dir: str | None = None  # private folder of the cluster (0700): process-group store, stacks
+    port: int | None = None  # fixed TCP rendezvous port (--port); None: a file store in work_dir
+    generation: int = 0  # how many times the process group was re-created
+
+    @property
+    def single_host(self) -> bool:
+        return self.master_addr == "127.0.0.1"
 
     @property
     def device_kind(self) -> str:
