@@ -191,7 +191,7 @@ def main() -> None:
         return f"{statistics.median(values):.2f} s (max {max(values):.2f})"
 
     print(f"\nFault handling on 2 CPU ranks, {args.repeats} repeats (median, max):\n")
-    print(f"| fault | time to detect / stop | time to recover |\n|---|---|---|")
+    print("| fault | time to detect / stop | time to recover |\n|---|---|---|")
     for name, (label, _) in FAULTS.items():
         runs = results[name]
         print(f"| {label} | {cell([r['detect_s'] for r in runs])} | {cell([r['recover_s'] for r in runs])} |")
