@@ -221,6 +221,8 @@ class DistributedCluster:
         self.history: list[tuple[Any, ...]] = []
         #: The ranks' last jdist.checkpoint_every settings and newest saved checkpoint.
         self.checkpoint: dict[str, Any] = {}
+        self._deaths: list[int] = []  # ranks whose process ended, in order (filled by the death watch)
+        self._unwatched: list[dict[str, Any]] = []  # ranks the death watch cannot see (checked by PID)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -349,12 +351,12 @@ class DistributedCluster:
         import threading
 
         fds = {}
+        self._deaths, self._unwatched = [], []
         for info in self.ranks:
             try:
                 fds[os.pidfd_open(info["pid"])] = info["rank"]
-            except (OSError, AttributeError):  # another host's rank, or no pidfd support
-                pass
-        self._deaths: list[int] = []
+            except (OSError, AttributeError):  # no pidfd support: dead_ranks checks it by PID
+                self._unwatched.append(info)
         deaths = self._deaths
 
         def watch() -> None:
@@ -375,6 +377,7 @@ class DistributedCluster:
             self.state_file.unlink(missing_ok=True)
             self.state_file = None
         self.ranks, self._engine_of_rank = [], {}
+        self._deaths, self._unwatched = [], []
         work_dir, self.work_dir = self.work_dir, None
         if client is not None:
             try:
@@ -496,11 +499,16 @@ class DistributedCluster:
                     proc.kill()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
+        deadline = time.monotonic() + 1.0  # until they have ended, so status says dead for every rank
+        while len(self.dead_ranks()) < len(self.ranks) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def dead_ranks(self) -> list[int]:
-        """Ranks whose process has ended, the first to end first (this machine's ranks only)."""
-        seen = list(getattr(self, "_deaths", []))
-        return seen + [info["rank"] for info in self.ranks if info["rank"] not in seen and not _pid_alive(info["pid"])]
+        """Ranks whose process has ended, the first to end first (this machine's ranks only).
+
+        Cheap enough for every poll of a running cell: the death watch thread keeps the list.
+        """
+        return list(self._deaths) + [info["rank"] for info in self._unwatched if not _pid_alive(info["pid"])]
 
     def death_report(self, dead: Sequence[int], oom_before: int | None = None, wait: float = 2.0) -> dict[str, Any]:
         """Which rank died first and why (it takes the others down: MPI ends the whole job).

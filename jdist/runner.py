@@ -325,7 +325,7 @@ def run_cell(
     def running() -> list[int]:
         return [r for r, c in zip(selected, ar._children) if not c.done()]
 
-    def release(why: str) -> None:
+    def release() -> None:
         nonlocal deadline
         result.released = running()
         cluster.interrupt(result.released)
@@ -348,12 +348,12 @@ def run_cell(
             if deadline is None and failed_at is None and _partial_failure(ar, selected):
                 failed_at = now
             if deadline is None and failed_at is not None and now - failed_at >= RELEASE_GRACE_S:
-                release("failure")
+                release()
             if deadline is None and watchdog and now - last_progress >= watchdog:
                 waiting = _waiting_ranks(cluster, running())
                 if waiting is not None:
                     result.hang = waiting
-                    release("hang")
+                    release()
                 last_progress = now
         except KeyboardInterrupt:
             if not result.interrupted:
@@ -432,11 +432,10 @@ def _waiting_ranks(cluster: DistributedCluster, running: list[int]) -> dict[int,
 
 def _repair_group(cluster: DistributedCluster) -> dict[str, Any] | None:
     """Re-create the process group on all ranks if a release broke it; what was kept."""
-    from . import guard as rank_guard
     from . import rank as rank_runtime
 
     try:
-        states = cluster.apply(rank_guard.state, timeout=10)
+        states = cluster.apply(guard.state, timeout=10)
         if not any(st["broken"] for st in states):
             return None
         reports = cluster.apply(rank_runtime.repair_group, timeout=cluster.config.timeout + 10)
