@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: venv horovod chromium labextension demo test bench lab clean
+.PHONY: venv horovod chromium labextension demo test test-fast bench lab clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -33,6 +33,11 @@ demo: venv
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
 test: venv horovod chromium
 	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
+
+# The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI
+# cluster, Jupyter server or browser (tests marked `cluster` are left out). Under a minute.
+test-fast: venv
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest -m "not cluster" tests jdist $(PYTEST_FLAGS)
 
 # Debian chromium for the browser test (tests/test_browser.py); installed only if missing.
 chromium:

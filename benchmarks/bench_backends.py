@@ -21,8 +21,9 @@ import sys
 import tempfile
 import time
 
-from jdist.backends.horovod import available as horovod_available
-from jdist.cluster import ClusterConfig, DistributedCluster
+from jdist.kernel.cluster import ClusterSession
+from jdist.options import ClusterConfig
+from jdist.plugins import HOROVOD
 
 CODE = r"""
 import time, torch, torch.nn as nn
@@ -33,20 +34,20 @@ model, opt = jdist.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 g = torch.Generator().manual_seed(rank)
 xs, ys = torch.randn(8, 32, W, generator=g), torch.randint(0, 10, (8, 32), generator=g)
 step_t, comm_t = [], []
-jdist.rank._state.timer.take()
+jdist.rank.session().timer.take()
 for i in range({steps}):
     t0 = time.perf_counter()
     loss = nn.functional.cross_entropy(model(xs[i % 8]), ys[i % 8])
     jdist.backward(loss); opt.step(); opt.zero_grad()
-    step_t.append(time.perf_counter() - t0); comm_t.append(jdist.rank._state.timer.take())
+    step_t.append(time.perf_counter() - t0); comm_t.append(jdist.rank.session().timer.take())
 import resource
-bench = dict(step=step_t[{warmup}:], comm=comm_t[{warmup}:], state=jdist.training.state_bytes(max_age_s=0),
+bench = dict(step=step_t[{warmup}:], comm=comm_t[{warmup}:], state=jdist.rank.sources.state_bytes(jdist.rank.session()),
              rss_peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
 def run_backend(backend: str, width: int, steps: int, warmup: int) -> list[dict]:
-    cluster = DistributedCluster(ClusterConfig(n=2, backend=backend, timeout=120))
+    cluster = ClusterSession(ClusterConfig(n=2, backend=backend, timeout=120))
     cluster.start(lambda msg: None)
     try:
         ar = cluster.execute(CODE.format(width=width, steps=steps, warmup=warmup))
@@ -64,7 +65,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="jdist-bench-ipython-"))
-    backends = ["ddp", "fsdp"] + (["horovod"] if horovod_available() else [])
+    backends = ["ddp", "fsdp"] + (["horovod"] if HOROVOD.unavailable() is None else [])
     if "horovod" not in backends:
         print("horovod: not installed (make horovod); left out", file=sys.stderr)
     n_params = 3 * (args.width * args.width + args.width) + args.width * 10 + 10

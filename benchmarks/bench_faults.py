@@ -131,9 +131,9 @@ class Bench:
         return {"detect_s": shown, "recover_s": recover}
 
     def shutdown(self, now: bool) -> dict[str, float]:
-        pids = self.k.value("[r['pid'] for r in jdist.cluster.current().ranks] + "
-                            "[jdist.cluster.current().cluster.controller.process.pid] + "
-                            "[l.process.pid for l in jdist.cluster.current().cluster.engines.values()]")
+        pids = self.k.value("[r['pid'] for r in jdist.kernel.cluster.current().ranks] + "
+                            "[jdist.kernel.cluster.current().ipp.controller.process.pid] + "
+                            "[l.process.pid for l in jdist.kernel.cluster.current().ipp.engines.values()]")
         t0 = time.perf_counter()
         self.k.kc.stop_channels()
         self.k.km.shutdown_kernel(now=now)

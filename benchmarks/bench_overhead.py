@@ -181,7 +181,7 @@ def _cpu():
     ru = resource.getrusage(resource.RUSAGE_SELF)
     ctl = None
     try:
-        proc = jdist.cluster.current().cluster.controller.process   # a psutil.Process
+        proc = jdist.kernel.cluster.current().ipp.controller.process   # a psutil.Process
         ctl = 0.0
         for p in [proc, *proc.children(recursive=True)]:
             t = p.cpu_times()
@@ -234,7 +234,7 @@ _emit(times=[o["times"] for o in bench_out], loss=[o["loss"] for o in bench_out]
 
 EMPTY_CELL = """
 _ip = get_ipython()
-_rc = jdist.cluster.current().client
+_rc = jdist.kernel.cluster.current().client
 _view = _rc.activate()   # %%px on all engines, blocking (what ipyparallel's docs do)
 _floor_view = _rc[:]
 def _timed(fn):

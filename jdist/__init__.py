@@ -7,72 +7,77 @@ In the notebook::
     model = jdist.prepare(torch.nn.Linear(8, 1))   # runs on every rank
     jdist.log(step=0, loss=0.5)
 
-On the ranks: :func:`prepare`, :func:`log`, :func:`progress`; training helpers
-:func:`backward`, :func:`clip_grad_norm_`, :func:`no_sync`, :func:`scale_lr`, :func:`warmup`
-(:mod:`jdist.training`); checkpoints :func:`save_checkpoint`, :func:`load_checkpoint`,
-:func:`latest_checkpoint`, :func:`checkpoint_every` (:mod:`jdist.checkpoint`).
-In the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a
-DataFrame) and :func:`runs`.
+The package runs in four places, and its layout says which (docs/architecture.md):
+``jdist.kernel`` (the notebook kernel: magics, cluster, cell supervisor, dashboard),
+``jdist.rank`` (the ranks: session, training, checkpoints, backends), ``jdist.server`` (the
+Jupyter server extension) and small pure modules any of them uses (``jdist.metrics``,
+``jdist.protocol``, ``jdist.options``, ``jdist.errors``, ``jdist.plugins``, ``jdist.stacks``).
+
+Public names, all flat on ``jdist``:
+
+* on the ranks (inside ``%%distributed`` cells): :func:`prepare`, :func:`log`, :func:`progress`,
+  :func:`info`, :func:`precision`; training helpers :func:`backward`, :func:`clip_grad_norm_`,
+  :func:`no_sync`, :func:`is_sync_step`, :func:`scale_lr`, :func:`warmup`; checkpoints
+  :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
+  :func:`checkpoint_every`, :func:`restored_step`;
+* in the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a DataFrame),
+  :func:`runs`, and ``%load_ext jdist``;
+* anywhere: :class:`Run`, :func:`read_run`, :data:`AUTO_METRICS`.
+
+Names are resolved on first use: ``import jdist`` loads neither the rank runtime (torch) in the
+kernel nor kernel code on the ranks.
 """
 
 from __future__ import annotations
 
-from .metrics import AUTO_METRICS, Run, read_run
-from .rank import log, prepare, progress
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-# Resolved on first use (PEP 562): jdist.training imports torch, which the notebook kernel
-# does not need.
+#: name -> module that defines it (imported on first use, then cached here).
 _LAZY = {
-    "backward": "training",
-    "clip_grad_norm_": "training",
-    "no_sync": "training",
-    "scale_lr": "training",
-    "warmup": "training",
-    "is_sync_step": "training",
-    "save_checkpoint": "checkpoint",
-    "load_checkpoint": "checkpoint",
-    "latest_checkpoint": "checkpoint",
-    "checkpoint_every": "checkpoint",
-    "restored_step": "checkpoint",
+    # ranks
+    "prepare": "jdist.rank.api",
+    "log": "jdist.rank.api",
+    "progress": "jdist.rank.api",
+    "info": "jdist.rank.api",
+    "precision": "jdist.rank.api",
+    "backward": "jdist.rank.training",
+    "clip_grad_norm_": "jdist.rank.training",
+    "no_sync": "jdist.rank.training",
+    "scale_lr": "jdist.rank.training",
+    "warmup": "jdist.rank.training",
+    "is_sync_step": "jdist.rank.training",
+    "save_checkpoint": "jdist.rank.checkpoint",
+    "load_checkpoint": "jdist.rank.checkpoint",
+    "latest_checkpoint": "jdist.rank.checkpoint",
+    "checkpoint_every": "jdist.rank.checkpoint",
+    "restored_step": "jdist.rank.checkpoint",
+    # kernel
+    "load_ipython_extension": "jdist.kernel.magics",  # %load_ext jdist
+    "last_run": "jdist.kernel.sinks",
+    "runs": "jdist.kernel.sinks",
+    # anywhere
+    "Run": "jdist.metrics",
+    "read_run": "jdist.metrics",
+    "AUTO_METRICS": "jdist.metrics",
 }
+_SUBMODULES = {"kernel", "rank", "server", "metrics", "protocol", "options", "errors", "plugins", "stacks", "procs"}
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # jdist.log runs every step: resolve once
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'jdist' has no attribute {name!r}")
 
 
-def last_run() -> Run | None:
-    """The most recent run of this kernel (a :class:`jdist.metrics.Run`), or None.
-
-    >>> jdist.last_run().history.head()   # doctest: +SKIP
-    """
-    from .runner import last_run as _last
-
-    return _last()
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY, *_SUBMODULES])
 
 
-def runs() -> list[Run]:
-    """All runs of this kernel, oldest first."""
-    from .runner import all_runs
-
-    return list(all_runs())
-
-
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001
-    """``%load_ext jdist``: registers ``%%distributed`` and ``%dist`` and makes ``jdist`` importable as a name."""
-    import sys
-
-    from .magics import DistributedMagics
-
-    ipython.register_magics(DistributedMagics)
-    ipython.user_ns.setdefault("jdist", sys.modules[__name__])
-
-
-__all__ = ["AUTO_METRICS", "Run", "last_run", "load_ipython_extension", "log", "prepare", "progress", "read_run", "runs",
-           *_LAZY]
+__all__ = list(_LAZY)

@@ -1,8 +1,12 @@
-"""Shared fixtures: a real Jupyter kernel driven over its messaging protocol.
+"""Shared fixtures: a real Jupyter kernel driven over its messaging protocol, and the test tiers.
 
 Integration tests run ``%%distributed`` cells in a real ipykernel (the same code path a
 notebook uses: main-thread rules of ipykernel 7, display messages, interrupts), which
 starts a real MPI ipyparallel cluster. Nothing under test is mocked.
+
+Tiers: a test that starts a kernel, an MPI cluster, a Jupyter server or a browser is marked
+``cluster`` (automatically, from the fixtures it uses, or explicitly); ``make test-fast``
+runs the others (``-m "not cluster"``), ``make test`` runs everything.
 """
 
 from __future__ import annotations
@@ -23,6 +27,29 @@ def strip_ansi(text: str) -> str:
     return ANSI.sub("", text)
 
 
+#: Fixtures that start kernels, clusters, servers or browsers: their tests are in the ``cluster`` tier.
+HEAVY_FIXTURES = {"kernel_env", "cluster", "server", "lab", "browser"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        heavy = HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if heavy or item.nodeid.endswith(".ipynb") or ".ipynb::" in item.nodeid:
+            item.add_marker(pytest.mark.cluster)
+
+
+def wait_for(predicate: Any, timeout: float = 60, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until it returns something truthy (returned); AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value: {last!r}")
+
+
 @dataclass
 class CellOutput:
     stdout: str = ""
@@ -34,7 +61,12 @@ class CellOutput:
 
     @property
     def traceback(self) -> str:
-        return strip_ansi("\n".join(self.error["traceback"])) if self.error else ""
+        return strip_ansi("\n".join(self.error.get("traceback") or [])) if self.error else ""
+
+    @property
+    def shown(self) -> str:
+        """What the notebook shows of an error: its traceback, or (IPython's UsageError) the stderr line."""
+        return (self.traceback + "\n" + strip_ansi(self.stderr)).strip()
 
 
 class KernelSession:
@@ -59,21 +91,35 @@ class KernelSession:
 
         t0 = time.perf_counter()
         reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout, allow_stdin=False)
-        for payload in reply["content"].get("payload", []):
+        content = reply["content"]
+        if content["status"] == "error" and out.error is None:  # IPython's UsageError: the reply only
+            out.error = {"ename": content.get("ename"), "evalue": content.get("evalue"), "traceback": []}
+        for payload in content.get("payload", []):
             if payload.get("source") == "page":
                 out.pager += payload["data"].get("text/plain", "")
         out.elapsed = time.perf_counter() - t0
         if out.error and not allow_error:
-            raise AssertionError(f"cell failed:\n{code}\n{out.traceback}\nstdout:\n{out.stdout}")
+            raise AssertionError(f"cell failed:\n{code}\n{out.shown}\nstdout:\n{out.stdout}")
         return out
 
     def start(self, code: str) -> str:
         """Send a cell without waiting (for interrupt tests); returns the msg id."""
         return self.kc.execute(code)
 
+    def wait_for_stdout(self, msg_id: str, text: str, timeout: float = 60) -> CellOutput:
+        """Read the output of a cell sent with :meth:`start` until its stdout contains ``text``;
+        :meth:`collect` then goes on from there (with the output so far)."""
+        self._partial = self._read(msg_id, timeout, until=lambda out: text in out.stdout)
+        return self._partial
+
     def collect(self, msg_id: str, timeout: float) -> CellOutput:
         """Collect the outputs of a cell sent with :meth:`start` until it goes idle."""
-        out = CellOutput()
+        out = self._read(msg_id, timeout, until=None, out=getattr(self, "_partial", None))
+        self._partial = None
+        return out
+
+    def _read(self, msg_id: str, timeout: float, until: Any, out: CellOutput | None = None) -> CellOutput:
+        out = out or CellOutput()
         deadline = time.monotonic() + timeout
         t0 = time.perf_counter()
         while time.monotonic() < deadline:
@@ -90,6 +136,10 @@ class KernelSession:
                 out.error = content
             elif kind == "status" and content["execution_state"] == "idle":
                 out.elapsed = time.perf_counter() - t0
+                if until is not None:
+                    raise AssertionError(f"the cell ended before the awaited output; stdout:\n{out.stdout}\n{out.traceback}")
+                return out
+            if until is not None and until(out):
                 return out
         raise AssertionError(f"cell did not finish within {timeout} s; stdout so far:\n{out.stdout}")
 

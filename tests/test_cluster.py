@@ -1,26 +1,38 @@
-"""Cluster lifecycle on a real MPI ipyparallel cluster (no kernel: DistributedCluster directly)."""
+"""Cluster lifecycle on a real MPI ipyparallel cluster (no kernel: jdist.kernel.cluster.ClusterSession
+directly) with the local MPI launcher (jdist.kernel.launch.local_mpi)."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from ipyparallel import interactive
 
-from jdist.cluster import ClusterConfig, ClusterError, DistributedCluster, mpiexec_path, visible_gpus
+from jdist.errors import ClusterError
+from jdist.kernel.cluster import ClusterSession
+from jdist.kernel.launch import local_mpi
+from jdist.kernel.launch.local_mpi import mpiexec_path
+from jdist.kernel.probes import probe, visible_gpus
+from jdist.options import ClusterConfig
+
+
+@pytest.fixture(autouse=True)
+def _private_ipython_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path_factory.getbasetemp() / "ipython-test-cluster"))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
-    messages: list[str] = []
-    c = DistributedCluster(ClusterConfig(n=2, timeout=30))
-    c.start(messages.append)
-    c.start_messages = messages  # type: ignore[attr-defined]
-    yield c
-    c.stop()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IPYTHONDIR", str(tmp_path_factory.getbasetemp() / "ipython-test-cluster"))
+        messages: list[str] = []
+        c = ClusterSession(ClusterConfig(n=2, timeout=30))
+        c.start(messages.append)
+        c.start_messages = messages  # type: ignore[attr-defined]
+        yield c
+        c.stop()
 
 
 def _alive(pid: int) -> bool:
@@ -71,10 +83,11 @@ def test_status_lists_ranks_idle(cluster):
 
 
 def test_status_shows_a_running_rank_busy(cluster):
-    ar = cluster.execute("import time; time.sleep(2)", ranks=[1])
-    time.sleep(0.3)
-    assert [r["state"] for r in cluster.status()["ranks"]] == ["idle", "busy"]
-    ar.get(timeout=10)
+    ar = cluster.execute("import time; time.sleep(600)", ranks=[1])
+    wait_for(lambda: [r["state"] for r in cluster.status()["ranks"]] == ["idle", "busy"], what="rank 1 busy")
+    cluster.interrupt([1])
+    ar.wait(60)
+    assert [r["state"] for r in cluster.status()["ranks"]] == ["idle", "idle"]
 
 
 def test_unknown_rank_names_valid_ranks(cluster):
@@ -84,29 +97,27 @@ def test_unknown_rank_names_valid_ranks(cluster):
 
 def test_interrupt_stops_running_code_and_keeps_state(cluster):
     cluster.push("kept", 42)
-    ar = cluster.execute("import time\nfor i in range(600):\n    time.sleep(0.1)")
-    time.sleep(1.0)
-    t0 = time.monotonic()
+    ar = cluster.execute("import time\nstarted = True\nfor i in range(6000):\n    time.sleep(0.1)")
+    wait_for(lambda: all(s["state"] == "busy" for s in cluster.status()["ranks"]), what="both ranks busy")
     cluster.interrupt()
-    ar.wait(10)
-    assert ar.ready() and time.monotonic() - t0 < 5
+    ar.wait(60)
+    assert ar.ready()
     assert {md["error"].ename for md in ar.metadata} == {"KeyboardInterrupt"}
     assert cluster.pull("kept") == [42, 42]
 
 
+@pytest.mark.cluster
 def test_stop_ends_every_rank_process():
-    c = DistributedCluster(ClusterConfig(n=2, timeout=30))
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
     c.start()
     pids = [r["pid"] for r in c.ranks]
     assert all(_alive(p) for p in pids)
-    profile_dir, cluster_id = c.cluster.profile_dir, c.cluster.cluster_id
+    profile_dir, cluster_id, work_dir = c.ipp.profile_dir, c.ipp.cluster_id, c.work_dir
     c.stop()
     leftovers = [p for p in Path(profile_dir).rglob("*") if cluster_id in p.name]
     assert leftovers == [], "stop leaves no files of the cluster behind"
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in pids)
+    assert not work_dir.exists()
+    wait_for(lambda: not any(_alive(p) for p in pids), what="the rank processes to end")
     assert not c.running
     c.stop()  # idempotent
 
@@ -117,18 +128,19 @@ def test_stop_ends_every_rank_process():
         ({"n": 0}, r"at least 1.*-n 2"),
         ({"n": 1000}, r"-n 64 or fewer"),
         ({"n": 2, "backend": "mpi-magic"}, r"Unknown backend.*ddp"),
+        ({"n": 2, "launcher": "pbs"}, r"Unknown launcher 'pbs'.*local-mpi"),
         ({"n": 2, "timeout": 0}, r"--timeout must be positive"),
     ],
 )
 def test_config_errors_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        DistributedCluster(ClusterConfig(**kwargs))
+        ClusterSession(ClusterConfig(**kwargs))
 
 
 @pytest.mark.skipif(visible_gpus() >= 2, reason="this machine has GPUs")
 def test_gpus_without_gpus_suggests_cpu_ranks():
     with pytest.raises(ValueError, match=r"--gpus 2 asks for 2 GPUs.*Use -n 2 to run 2 CPU ranks"):
-        DistributedCluster(ClusterConfig(n=2, gpus=True))
+        probe(ClusterConfig(n=2, gpus=True))
 
 
 def test_mpiexec_comes_from_the_environment_not_path(monkeypatch):
@@ -138,19 +150,18 @@ def test_mpiexec_comes_from_the_environment_not_path(monkeypatch):
     assert mpiexec_path() == os.path.join(sys.prefix, "bin", "mpiexec")
 
 
+@pytest.mark.cluster
 def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
-    # An mpiexec that fails at once stands in for a broken MPI install.
-    import jdist.cluster as cl
-
-    monkeypatch.setattr(cl, "mpiexec_path", lambda: "/bin/false")
-    c = DistributedCluster(ClusterConfig(n=2, start_timeout=30))
-    t0 = time.monotonic()
+    # An mpiexec that fails at once stands in for a broken MPI install. With --start-timeout
+    # 120, a failure before that is the launcher's early-exit detection, not the timeout.
+    monkeypatch.setattr(local_mpi, "local_mpiexec", lambda: "/bin/false")
+    c = ClusterSession(ClusterConfig(n=2, start_timeout=120))
     with pytest.raises(ClusterError, match="mpiexec exited before all ranks registered"):
         c.start()
-    assert time.monotonic() - t0 < 20
-    assert not c.running
+    assert not c.running and c.work_dir is None
 
 
+@pytest.mark.cluster
 def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
     # A kernel killed with SIGKILL cannot stop its cluster: the ranks must notice and clean up.
     import signal
@@ -159,10 +170,11 @@ def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
 
     script = (
         "import json, sys\n"
-        "from jdist.cluster import ClusterConfig, DistributedCluster\n"
-        "c = DistributedCluster(ClusterConfig(n=2, timeout=30)); c.start()\n"
-        "mpiexec = [l.process.pid for l in c.cluster.engines.values()]\n"
-        "print(json.dumps([r['pid'] for r in c.ranks] + [c.cluster.controller.process.pid] + mpiexec), flush=True)\n"
+        "from jdist.kernel.cluster import ClusterSession\n"
+        "from jdist.options import ClusterConfig\n"
+        "c = ClusterSession(ClusterConfig(n=2, timeout=30)); c.start()\n"
+        "mpiexec = [l.process.pid for l in c.ipp.engines.values()]\n"
+        "print(json.dumps([r['pid'] for r in c.ranks] + [c.ipp.controller.process.pid] + mpiexec), flush=True)\n"
         "sys.stdin.read()\n"
     )
     env = {**os.environ, "IPYTHONDIR": str(tmp_path)}
@@ -174,11 +186,9 @@ def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
         pids = json.loads(owner.stdout.readline())
         assert all(_alive(p) for p in pids)
         owner.send_signal(signal.SIGKILL)
-        owner.wait(10)
-        deadline = time.monotonic() + 15
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in pids if _alive(p)], "ranks, mpiexec or controller outlived their owner"
+        owner.wait(60)
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=120,
+                 what="ranks, mpiexec and controller to end after their owner")
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -1,4 +1,5 @@
-"""Tests for jdist.dashboard with real ipywidgets/plotly objects and a real kernel."""
+"""The notebook dashboard (jdist.kernel.dashboard) and the panels it draws (jdist.metrics.panels),
+with real ipywidgets/plotly objects, matplotlib, and a real kernel."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 from ipywidgets import Widget
 
-from jdist.dashboard import MAX_POINTS, Dashboard, render_png, static_bundle, static_figure
+from jdist.kernel.dashboard import Dashboard, render_png, static_bundle, static_figure
 from jdist.metrics import Run
+from jdist.metrics.panels import MAX_POINTS, PANELS, panels
 
 REPO = Path(__file__).resolve().parents[1]
 RANKS, STEPS = 2, 30
@@ -71,8 +73,13 @@ def dash():
     d.finish()
 
 
+def band(d: Dashboard):
+    mean = "mean over ranks"
+    return d.trace("loss", mean, "low"), d.trace("loss", mean, "high"), d.trace("loss", mean)
+
+
 def test_loss_band_and_mean(dash):
-    lo, hi, avg = dash.figure.data[:3]
+    lo, hi, avg = band(dash)
     per_step = [[values(r, s)["loss"] for r in range(RANKS)] for s in range(STEPS)]
     assert list(avg.x) == list(range(STEPS))
     assert list(avg.y) == pytest.approx([mean(v) for v in per_step])
@@ -83,7 +90,7 @@ def test_loss_band_and_mean(dash):
 
 
 def test_step_time_bars_per_rank(dash):
-    compute, comm = dash.figure.data[3:5]
+    compute, comm = dash.trace("time", "compute"), dash.trace("time", "communication")
     assert list(compute.x) == ["rank 0", "rank 1"]
     last = range(STEPS - 20, STEPS)
     by_hand_compute = [mean([values(r, s)["compute_time_s"] for s in last]) for r in range(RANKS)]
@@ -98,7 +105,7 @@ def test_step_time_bars_per_rank(dash):
 
 
 def test_memory_bars_in_mib(dash):
-    now, peak, state = dash.figure.data[5:8]
+    now, peak, state = (dash.trace("memory", name) for name in ("current", "peak", "model+optimizer"))
     assert list(state.y) == pytest.approx([50 - 10 * r for r in range(RANKS)])
     assert list(now.y) == pytest.approx([100 + 10 * r + STEPS - 1 for r in range(RANKS)])
     assert list(peak.y) == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
@@ -122,7 +129,10 @@ def test_units_in_subplot_titles_not_on_y_axes(dash):
 
 
 def test_colours_match_the_png(dash):
-    lo, hi, avg, compute, comm, mem, peak, state, tput = dash.figure.data
+    _, _, avg = band(dash)
+    compute, comm = dash.trace("time", "compute"), dash.trace("time", "communication")
+    mem, peak, state = (dash.trace("memory", name) for name in ("current", "peak", "model+optimizer"))
+    tput = dash.trace("throughput", "throughput")
     assert (compute.marker.color, comm.marker.color) == (BLUE, ORANGE)
     assert (mem.marker.color, peak.marker.color, state.marker.color) == (BLUE, ORANGE, GREEN)
     assert avg.line.color == tput.line.color == BLUE
@@ -150,7 +160,7 @@ def test_png_legends_leave_the_bars_free():
 
 
 def test_throughput_is_sum_over_ranks(dash):
-    tput = dash.figure.data[8]
+    tput = dash.trace("throughput", "throughput")
     # step 0 is left out: its step_time_s (and samples_per_s) covers the time since the cell started
     assert list(tput.x) == list(range(1, STEPS))
     assert list(tput.y) == pytest.approx([sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(1, STEPS)])
@@ -163,13 +173,14 @@ def test_throughput_leaves_out_each_ranks_first_record():
     run.add([{"rank": 0, "seq": 0, "step": 0, "samples_per_s": 1.0}])
     d = Dashboard(run)
     d.update(force=True)
-    assert list(d.figure.data[8].x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
+    tput = d.trace("throughput", "throughput")
+    assert list(tput.x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
     run.add([{"rank": 0, "seq": 1, "step": 1, "samples_per_s": 100.0},
               {"rank": 1, "seq": 0, "step": 1, "samples_per_s": 2.0},  # rank 1 logs its first step later
               {"rank": 0, "seq": 2, "step": 2, "samples_per_s": 100.0},
               {"rank": 1, "seq": 1, "step": 2, "samples_per_s": 100.0}])
     d.update(force=True)
-    assert (list(d.figure.data[8].x), list(d.figure.data[8].y)) == ([2], [200.0])
+    assert (list(tput.x), list(tput.y)) == ([2], [200.0])
     d.finish()
 
 
@@ -178,7 +189,7 @@ def test_throughput_falls_back_to_steps_per_s():
     run.add({"rank": 0, "seq": i, "step": s, "step_time_s": 0.5} for i, s in enumerate([0, 2, 4]))
     d = Dashboard(run)
     d.update(force=True)
-    tput = d.figure.data[8]
+    tput = d.trace("throughput", "throughput")
     assert list(tput.x) == [2, 4]  # step 0 left out: its step time includes the cell's start-up
     assert list(tput.y) == pytest.approx([4.0, 4.0])  # 2 steps per 0.5 s
     assert d.figure.layout.annotations[3].text == "throughput, steps/s"
@@ -190,8 +201,8 @@ def test_long_runs_are_thinned_in_the_live_figure_only():
     run = make_run(steps=steps)
     d = Dashboard(run)
     d.update(force=True)
-    lo, hi, avg = d.figure.data[:3]
-    tput = d.figure.data[8]
+    lo, hi, avg = band(d)
+    tput = d.trace("throughput", "throughput")
     size = 3  # ceil(2500 / 1000) consecutive steps per point
     assert len(avg.x) == len(lo.y) == len(hi.y) == 834 <= MAX_POINTS
     assert (avg.x[0], avg.x[1], avg.x[-1]) == (2, 5, steps - 1)  # each bucket at its last step
@@ -216,9 +227,9 @@ def test_update_is_throttled():
     assert d.update() is True
     run.add([{"rank": 0, "seq": STEPS, "step": STEPS, "loss": 0.0}])
     assert d.update() is False
-    assert len(d.figure.data[2].x) == STEPS  # not redrawn yet
+    assert len(d.trace("loss", "mean over ranks").x) == STEPS  # not redrawn yet
     assert d.update(force=True) is True
-    assert len(d.figure.data[2].x) == STEPS + 1
+    assert len(d.trace("loss", "mean over ranks").x) == STEPS + 1
     d.finish()
 
 
@@ -290,11 +301,12 @@ def test_finish_outside_kernel_prints_summary_and_closes(capsys):
 
 def test_figure_follows_the_width_of_the_page(dash):
     assert dash.figure._config == {"responsive": True}
-    # the invisible helper that resizes the figure to its box (plotly/plotly.py#5208)
+    # the invisible helper that resizes the figure to its box (plotly/plotly.py#5208), an ES
+    # module file of the package that the widget sends to the browser
     helper = dash.widget.children[-1]
     assert helper is not dash.figure and dash.figure in dash.widget.children
-    for part in ("_responsiveChartHandler", "plotlywidget-after-render", "ResizeObserver", "widget-box"):
-        assert part in helper._esm
+    source = (REPO / "jdist" / "kernel" / "dashboard" / "fitwidth.js").read_text()
+    assert helper._esm == source and "_responsiveChartHandler" in source
 
 
 def test_each_dashboard_gets_its_own_figure():
@@ -333,7 +345,7 @@ def test_plain_python_is_quiet_and_leaves_pyplot_alone():
     code = (
         "import sys\n"
         "from jdist.metrics import Run\n"
-        "from jdist.dashboard import Dashboard\n"
+        "from jdist.kernel.dashboard import Dashboard\n"
         "assert not {'anywidget', 'ipywidgets', 'plotly', 'matplotlib'} & set(sys.modules)  # a cheap import\n"
         "run = Run('plain', 1)\n"
         "run.add([{'rank': 0, 'seq': 0, 'step': 0, 'loss': 1.0}])\n"
@@ -346,6 +358,7 @@ def test_plain_python_is_quiet_and_leaves_pyplot_alone():
     assert out.stdout.count("\n") == 3  # the summary only
 
 
+@pytest.mark.cluster  # a kernel
 def test_in_a_real_kernel():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -355,7 +368,7 @@ def test_in_a_real_kernel():
             v4.new_code_cell(
                 f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
                 "from jdist.metrics import Run\n"
-                "from jdist.dashboard import Dashboard\n"
+                "from jdist.kernel.dashboard import Dashboard\n"
                 "run = Run('nb-run', world_size=2, total_steps=10)\n"
                 "dash = Dashboard(run)"
             ),
@@ -402,3 +415,41 @@ def test_in_a_real_kernel():
     assert printed.output_type == "stream" and printed.text.startswith("jdist run nb-run: done after ")
     for cell in nb.cells:
         assert all(o.output_type != "error" for o in cell.outputs)
+
+
+def test_every_panel_is_drawn_by_every_view_from_one_definition():
+    """A panel is data: the live figure and the PNG draw each panel of PANELS by its kind."""
+    run = make_run()
+    drawn = panels(run)
+    assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput"] and len(drawn) == len(PANELS)
+    d = Dashboard(run)
+    d.update(force=True)
+    for panel in drawn:
+        for s in panel["series"]:
+            trace = d.trace(panel["key"], s["name"])
+            colour = trace.marker.color if panel["kind"] == "bars" else trace.line.color
+            assert colour == s["color"], (panel["key"], s["name"])
+    assert [a.text for a in d.figure.layout.annotations] == [p["title"] for p in drawn]
+    assert [ax.get_title() for ax in static_figure(run).axes] == [p["title"] for p in drawn]
+    d.finish()
+
+
+def test_a_new_panel_is_one_function(monkeypatch):
+    """Adding a panel to PANELS is the whole change: both notebook views draw it."""
+    import jdist.metrics.panels as pn
+    from jdist.protocol import LinePanel, LineSeries
+
+    def grad_norm(run):
+        steps, mean, _, _ = run.aggregate("loss")
+        return LinePanel(key="grad", kind="line", title="gradient norm", x_title="step",
+                         series=[LineSeries(name="norm", color=GREEN, x=steps, y=mean, low=None, high=None)])
+
+    monkeypatch.setattr(pn, "PANELS", (*pn.PANELS, grad_norm))
+    run = make_run()
+    d = Dashboard(run)
+    d.update(force=True)
+    assert list(d.trace("grad", "norm").y) == list(d.trace("loss", "mean over ranks").y)
+    assert d.figure.layout.annotations[4].text == "gradient norm"
+    fig = static_figure(run)
+    assert len(fig.axes) == 5 and fig.axes[4].get_title() == "gradient norm"
+    d.finish()

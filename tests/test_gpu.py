@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from jdist.cluster import visible_gpus
+from jdist.kernel.probes import visible_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(visible_gpus() < 1, reason="needs a CUDA GPU")]
 

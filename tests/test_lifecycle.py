@@ -2,14 +2,13 @@
 
 What a notebook user does with the Kernel menu (Shut Down, Restart, and the forced
 variants that SIGKILL the kernel) must not leave ranks, their nannies, mpiexec (and hydra_pmi_proxy) or the
-ipyparallel controller running. Plus bad-environment errors (Horovod or MPI missing) that
-must name the fix.
+ipyparallel controller running. Plus a bad environment (MPI missing): one line that
+names the fix.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from typing import Any
@@ -18,20 +17,21 @@ import psutil
 import pytest
 from conftest import KernelSession
 
-from jdist.cluster import ClusterError, mpiexec_path
+from jdist.errors import ClusterError
+from jdist.kernel.launch.local_mpi import mpiexec_path
 
-#: Seconds a graceful shutdown/restart gets to leave nothing behind (jupyter_client itself
-#: escalates to SIGTERM after 2.5 s and SIGKILL after 5 s; the owner watch polls every 1 s).
-GRACEFUL_BOUND = 20.0
-#: Seconds the ranks' owner watch gets to end everything after the kernel is SIGKILLed.
-KILLED_BOUND = 15.0
+#: Seconds the processes of a cluster get to end after its kernel shut down or was killed: far more
+#: than the mechanisms need (jupyter_client escalates to SIGTERM after 2.5 s and SIGKILL after 5 s;
+#: the ranks' owner watch polls every 1 s), so only a cluster that would never end fails.
+#: How fast it is: benchmarks/bench_faults.py.
+CLEANUP_BOUND = 90.0
 
 _COLLECT = (
     "import json as _j, jdist as _jd\n"
-    "_c = _jd.cluster.current()\n"
+    "_c = _jd.kernel.cluster.current()\n"
     "print(_j.dumps({'ranks': [r['pid'] for r in _c.ranks],\n"
-    "    'controller': _c.cluster.controller.process.pid,\n"
-    "    'mpiexec': [l.process.pid for l in _c.cluster.engines.values()]}))\n"
+    "    'controller': _c.ipp.controller.process.pid,\n"
+    "    'mpiexec': [l.process.pid for l in _c.ipp.engines.values()]}))\n"
     "del _j, _jd, _c\n"
 )
 
@@ -120,7 +120,7 @@ def test_kernel_shutdown_leaves_no_cluster_processes(session, now):
     # then only the ranks' owner watch can end it.
     started = _start_cluster(session)
     procs = started["procs"]
-    bound = KILLED_BOUND if now else GRACEFUL_BOUND
+    bound = CLEANUP_BOUND
     try:
         session.kc.stop_channels()
         t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def test_kernel_shutdown_leaves_no_cluster_processes(session, now):
 def test_kernel_restart_ends_the_old_cluster_and_a_new_one_starts(session, now):
     started = _start_cluster(session)
     procs = started["procs"]
-    bound = KILLED_BOUND if now else GRACEFUL_BOUND
+    bound = CLEANUP_BOUND
     new_procs: list[psutil.Process] = []
     try:
         t0 = time.perf_counter()
@@ -164,34 +164,10 @@ def test_kernel_restart_ends_the_old_cluster_and_a_new_one_starts(session, now):
         new_procs = psutil.Process(session.km.provisioner.pid).children(recursive=True)  # the new cluster
         assert len(new_procs) >= 4 and not {p.pid for p in new_procs} & {p.pid for p in procs if _alive(p)}
         assert session.run("%dist stop").stdout == "Cluster stopped.\n"
-        elapsed, left = _wait_all_gone(new_procs, time.perf_counter(), 10)
+        elapsed, left = _wait_all_gone(new_procs, time.perf_counter(), CLEANUP_BOUND)
         assert not left, f"%dist stop left {_describe(left)}"
     finally:
         _kill(procs + new_procs)
-
-
-def test_missing_horovod_names_the_install_command_in_a_fresh_interpreter():
-    # Simulation of a Python without the horovod package: sys.modules['horovod'] = None makes
-    # `import horovod` raise ImportError and importlib.util.find_spec('horovod') return None,
-    # as if it were not installed (this venv may have Horovod built). A separate interpreter,
-    # so jdist is imported for the first time under that condition (nothing is monkeypatched).
-    code = (
-        "import sys\n"
-        "sys.modules['horovod'] = None\n"
-        "import jdist.cluster\n"
-        "try:\n"
-        "    jdist.cluster.ClusterConfig(n=2, backend='horovod').validate()\n"
-        "except ValueError as exc:\n"
-        "    print('ValueError:', exc)\n"
-        "else:\n"
-        "    print('no error')\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout.strip()
-    assert out.startswith("ValueError: Horovod is not installed in this environment."), out
-    assert "`make horovod`" in out and "tools/build_horovod.sh" in out, out
-    assert "--backend ddp" in out, "names the alternatives that need no install"
 
 
 def _no_mpi_env(tmp_path) -> tuple[str, str]:
@@ -227,38 +203,37 @@ def test_missing_mpiexec_in_a_kernel_is_one_line_naming_the_fix(session, tmp_pat
         out = session.run("%%distributed -n 2\nx = 1", allow_error=True)
     finally:
         session.run("_sys.prefix, _os.environ['PATH'] = _saved")
-    shown = out.traceback.strip()
-    assert out.error is not None and out.error["ename"] == "UsageError", out.error
+    shown = out.shown
+    assert out.error is not None and out.error["ename"] == "ClusterError", out.error
     assert len(shown.splitlines()) == 1, f"one line, no traceback:\n{shown}"
     assert "No mpiexec found" in shown and "pip install mpich mpi4py" in shown, shown
     assert "Traceback" not in out.stderr, out.stderr
-    assert session.value("jdist.cluster.current() is None") is True
+    assert session.value("jdist.kernel.cluster.current() is None") is True
     # nothing was left half-started: the kernel has no child processes
     assert psutil.Process(session.km.provisioner.pid).children(recursive=True) == []
 
 
-def test_kernel_killed_while_a_rank_is_exiting_leaves_nothing(session):
+def test_kernel_killed_after_a_rank_ended_leaves_nothing(session):
     # The state a graceful shutdown can reach when jupyter_client escalates (SIGTERM to the
     # kernel after 2.5 s, SIGKILL after 5 s) while ipyparallel is still stopping the engines:
-    # one rank already exiting after its SIGTERM (in MPI_Finalize, waiting for its peer; a
-    # finalizing interpreter no longer runs the owner-watch thread), the kernel gone. Made
-    # deterministic here: SIGTERM to rank 1 only, then the kernel is SIGKILLed.
+    # one rank already ended after its SIGTERM (MPI4PY_RC_FINALIZE=false: it does not wait in
+    # MPI_Finalize for its peer), the kernel gone. Made deterministic: SIGTERM to rank 1 only,
+    # wait until it has ended, then SIGKILL the kernel. The other rank, mpiexec and the
+    # controller must still all go.
     started = _start_cluster(session)
     procs = started["procs"]
     rank1 = psutil.Process(started["pids"]["ranks"][1])
     try:
         rank1.terminate()
-        time.sleep(2.0)
-        rank1_exiting = _alive(rank1)
+        _wait_all_gone([rank1], time.perf_counter(), CLEANUP_BOUND)
+        assert not _alive(rank1), "rank 1 did not end after SIGTERM"
         session.kc.stop_channels()
         t0 = time.perf_counter()
         session.km.shutdown_kernel(now=True)
-        elapsed, left = _wait_all_gone(procs, t0, KILLED_BOUND)
+        elapsed, left = _wait_all_gone(procs, t0, CLEANUP_BOUND)
         assert not left, (
-            f"{len(left)}/{len(procs)} cluster processes outlived the killed kernel by {elapsed:.1f} s "
-            f"(rank 1 still exiting 2 s after its SIGTERM: {rank1_exiting}): {_describe(left)}"
+            f"{len(left)}/{len(procs)} cluster processes outlived the killed kernel by {elapsed:.1f} s: {_describe(left)}"
         )
-        print(f"kernel killed while rank 1 exits (still alive 2 s after SIGTERM: {rank1_exiting}): "
-              f"all {len(procs)} cluster processes gone after {elapsed:.2f} s")
+        print(f"kernel killed after rank 1 ended: all {len(procs)} cluster processes gone after {elapsed:.2f} s")
     finally:
         _kill(procs)

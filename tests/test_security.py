@@ -34,17 +34,19 @@ import zmq
 from ipyparallel import interactive
 from jupyter_client.session import Session
 
-from jdist.cluster import ClusterConfig, DistributedCluster
+from jdist.kernel.cluster import ClusterSession
+from jdist.options import ClusterConfig
 
-#: Seconds a wrongly signed request gets to be answered (a correct one is answered in ms).
-NO_REPLY_WAIT = 3.0
+#: Seconds a wrongly signed request gets to be answered (the correctly signed control request
+#: just before it is answered in milliseconds).
+NO_REPLY_WAIT = 1.0
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-        c = DistributedCluster(ClusterConfig(n=2, timeout=30))
+        c = ClusterSession(ClusterConfig(n=2, timeout=30))
         c.start()
         try:
             yield c
@@ -60,10 +62,10 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [proc, *proc.children(recursive=True)]
 
 
-def _process_groups(c: DistributedCluster) -> dict[str, list[psutil.Process]]:
-    mpiexec = [p for launcher in c.cluster.engines.values() for p in _tree(launcher.process.pid)]
+def _process_groups(c: ClusterSession) -> dict[str, list[psutil.Process]]:
+    mpiexec = [p for launcher in c.ipp.engines.values() for p in _tree(launcher.process.pid)]
     return {
-        "controller": _tree(c.cluster.controller.process.pid),  # + its schedulers, heart monitor
+        "controller": _tree(c.ipp.controller.process.pid),  # + its schedulers, heart monitor
         "mpiexec": mpiexec,  # + hydra_pmi_proxy, the ranks under it, their nannies
         "ranks": [p for info in c.ranks for p in _tree(info["pid"])],
     }
@@ -135,12 +137,12 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _security_dir(c: DistributedCluster) -> Path:
-    return Path(c.cluster.profile_dir) / "security"
+def _security_dir(c: ClusterSession) -> Path:
+    return Path(c.ipp.profile_dir) / "security"
 
 
-def _connection_files(c: DistributedCluster) -> list[Path]:
-    cid = c.cluster.cluster_id
+def _connection_files(c: ClusterSession) -> list[Path]:
+    cid = c.ipp.cluster_id
     return [_security_dir(c) / f"ipcontroller-{cid}-{kind}.json" for kind in ("client", "engine")]
 
 
@@ -178,12 +180,12 @@ def test_state_file_is_owner_only_and_holds_no_key(cluster):
 def test_process_group_store_folder_is_owner_only(cluster):
     """The ranks rendezvous through a file store in the cluster's work folder: whoever can
     write there can join or disturb the process group, so the folder is the owner's alone."""
-    work_dir = getattr(cluster, "work_dir", None)
-    if work_dir is None:
-        pytest.skip("this jdist has no per-cluster work folder (process group over TCPStore)")
-    work_dir = Path(work_dir)
+    assert cluster.work_dir is not None, "the cluster has no private work folder: the process group is not private"
+    work_dir = Path(cluster.work_dir)
     assert work_dir.is_dir() and work_dir.stat().st_uid == os.getuid()
     assert not _mode(work_dir) & 0o077, f"{work_dir} is {oct(_mode(work_dir))}, not 0700"
+    stores = list(work_dir.glob("store-*"))
+    assert stores, f"no process-group file store in {work_dir}: the ranks rendezvous some other way"
 
 
 def _files_under(*roots: Path) -> list[Path]:
@@ -195,7 +197,7 @@ def test_no_file_others_can_read_holds_the_session_key(cluster):
     jdist's runtime folder: those holding the key are 0600; others may be readable."""
     key = cluster.client.session.key
     holders = []
-    for path in _files_under(Path(cluster.cluster.profile_dir), cluster.state_file.parent):
+    for path in _files_under(Path(cluster.ipp.profile_dir), cluster.state_file.parent):
         try:
             if key not in path.read_bytes():
                 continue

@@ -7,16 +7,29 @@ communication timing, and checkpoint/resume across a cluster restart. Nothing is
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from ipyparallel import interactive
 
-from jdist.backends.horovod import available as horovod_available
-from jdist.cluster import ClusterConfig, DistributedCluster
+from jdist.kernel.cluster import ClusterSession
+from jdist.options import ClusterConfig
+from jdist.plugins import HOROVOD
 
-BACKENDS = ["ddp", "fsdp", pytest.param("horovod", marks=pytest.mark.skipif(
-    not horovod_available(), reason="Horovod is not installed: make horovod (make test installs it)"))]
+BACKENDS = {
+    "ddp": "ddp",
+    "fsdp": "fsdp",
+    "horovod": pytest.param("horovod", marks=pytest.mark.skipif(
+        HOROVOD.unavailable() is not None, reason="Horovod is not installed: make horovod (make test installs it)")),
+}
+
+
+def pytest_generate_tests(metafunc):
+    """Every test on every backend, or on those its ``backends`` mark names: declared the same way
+    for all tests, so pytest groups them by backend and starts each backend's cluster once."""
+    if "cluster" in metafunc.fixturenames:
+        mark = metafunc.definition.get_closest_marker("backends")
+        names = mark.args if mark else tuple(BACKENDS)
+        metafunc.parametrize("cluster", [BACKENDS[n] for n in names], indirect=True, scope="module")
 
 # Rank-side helpers, sent with the test: a small model with dropout (so RNG state matters)
 # and a DistributedSampler loader (so the loader position matters).
@@ -48,17 +61,18 @@ def digest(model):
 '''
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
-    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-    c = DistributedCluster(ClusterConfig(n=2, backend=request.param, timeout=60))
-    c.start(lambda msg: None)
-    _run(c, COMMON)
-    yield c
-    c.stop()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("IPYTHONDIR", str(tmp_path_factory.getbasetemp() / "ipython-test-training"))
+        c = ClusterSession(ClusterConfig(n=2, backend=request.param, timeout=60))
+        c.start(lambda msg: None)
+        _run(c, COMMON)
+        yield c
+        c.stop()
 
 
-def _run(cluster: DistributedCluster, code: str, timeout: float = 180) -> list[str]:
+def _run(cluster: ClusterSession, code: str, timeout: float = 180) -> list[str]:
     ar = cluster.execute(code)
     try:
         ar.get(timeout=timeout)
@@ -68,7 +82,7 @@ def _run(cluster: DistributedCluster, code: str, timeout: float = 180) -> list[s
     return list(ar.stdout)
 
 
-def _pull(cluster: DistributedCluster, name: str) -> list:
+def _pull(cluster: ClusterSession, name: str) -> list:
     return cluster.pull(name)
 
 
@@ -77,7 +91,7 @@ def test_same_code_trains_under_every_backend_with_comm_time(cluster):
 model = make_model()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 model, opt, loader = jdist.prepare(model, opt, make_loader())
-jdist.rank._state.timer.take()
+jdist.rank.session().timer.take()
 comm, losses = 0.0, []
 for epoch in range(2):
     loader.set_epoch(epoch)
@@ -85,10 +99,10 @@ for epoch in range(2):
         loss = nn.functional.mse_loss(model(xb), yb)
         jdist.backward(loss)
         opt.step(); opt.zero_grad()
-        comm += jdist.rank._state.timer.take()
+        comm += jdist.rank.session().timer.take()
         losses.append(loss.item())
 result = dict(kind=type(opt.optimizer).__name__, hvd=getattr(opt.optimizer, "_jdist_horovod", False), first=sum(losses[:4]) / 4, last=sum(losses[-4:]) / 4,
-              comm=comm, digest=digest(model), batch_size=jdist.rank._state.batch_size)
+              comm=comm, digest=digest(model), batch_size=jdist.rank.session().batch_size)
 ''')
     results = _pull(cluster, "result")
     backend = cluster.config.backend
@@ -123,7 +137,7 @@ accum_diff = max((one[k] - four[k]).abs().max().item() for k in one)
 
 def test_precision_bf16_and_fp16_train_and_fp16_uses_a_grad_scaler(cluster):
     for precision in ("bf16", "fp16"):
-        cluster.set_precision(precision)
+        cluster.apply_live({"precision": precision})
         _run(cluster, r'''
 model = make_model()
 model, opt = jdist.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
@@ -139,20 +153,20 @@ for i in range(30):
     opt.step(); opt.zero_grad()
     losses.append(loss.item())
 result = dict(out_dtype=str(out.dtype), finite=all(l == l for l in losses), learned=losses[-1] < losses[0],
-              scaler=type(jdist.training._train.scaler).__name__, inside=sorted(inside))
+              scaler=type(jdist.rank.session().train.scaler).__name__, inside=sorted(inside))
 ''')
         for r in _pull(cluster, "result"):
             assert r["out_dtype"] == "torch.float32" and r["finite"] and r["learned"], r
             assert r["inside"] == ["torch.bfloat16" if precision == "bf16" else "torch.float16"], r
             assert r["scaler"] == ("NoneType" if precision == "bf16" else
                                    "ShardedGradScaler" if cluster.config.backend == "fsdp" else "GradScaler"), r
-    cluster.set_precision("fp32")
-    _run(cluster, "prec = jdist.training.precision()")
+    cluster.apply_live({"precision": "fp32"})
+    _run(cluster, "prec = jdist.precision()")
     assert _pull(cluster, "prec") == ["fp32", "fp32"]
 
 
 def test_fp16_without_jdist_backward_says_what_to_call(cluster):
-    cluster.set_precision("fp16")
+    cluster.apply_live({"precision": "fp16"})
     try:
         ar = cluster.execute(r'''
 model = make_model()
@@ -163,7 +177,7 @@ opt.step()
         with pytest.raises(Exception, match=r"jdist.backward\(loss\)"):
             ar.get(timeout=60)
     finally:
-        cluster.set_precision("fp32")
+        cluster.apply_live({"precision": "fp32"})
 
 
 def test_clip_grad_norm_is_global_across_ranks(cluster):
@@ -270,7 +284,7 @@ latest = str(jdist.latest_checkpoint(AUTO))
 def _state_bytes():
     import jdist
 
-    return jdist.training.state_bytes(max_age_s=0)
+    return jdist.rank.sources.state_bytes(jdist.rank.session())
 
 
 def test_state_bytes_metric_counts_local_shards(cluster):
@@ -290,7 +304,7 @@ bopt.step()
     _run(cluster, "del big, bopt")
 
 
-@pytest.mark.parametrize("cluster", BACKENDS[2:], indirect=True)
+@pytest.mark.backends("horovod")
 def test_horovod_fp16_compression_trains_and_ranks_agree(cluster):
     _run(cluster, r'''
 model = make_model(dropout=0.0)
@@ -309,7 +323,7 @@ jdist.prepare(make_model(), grad_accum=1)
     assert r0["digest"] == pytest.approx(r1["digest"], rel=1e-6)
 
 
-@pytest.mark.parametrize("cluster", ["fsdp"], indirect=True)
+@pytest.mark.backends("fsdp")
 def test_fsdp_options_shard_policy_mixed_precision_policy_and_clear_errors(cluster):
     _run(cluster, r'''
 model = make_model(dropout=0.0)
@@ -352,7 +366,7 @@ for i, (xb, yb) in enumerate(loader):
         jdist.log(loss=0.0)
     if i == 7:
         break
-recs = jdist.rank._state.first[-4:]
+recs = jdist.rank.session().stream.first[-4:]
 samples = [r["samples_per_s"] * r["step_time_s"] for r in recs]
 jdist.prepare(make_model(), grad_accum=1)
 ''')
@@ -362,7 +376,7 @@ jdist.prepare(make_model(), grad_accum=1)
         assert samples == pytest.approx([16.0] * 4)  # 2 micro-batches of 8 per logged step
 
 
-@pytest.mark.parametrize("cluster", BACKENDS[2:], indirect=True)
+@pytest.mark.backends("horovod")
 def test_horovod_also_has_a_torch_group_and_warns_when_gradients_would_not_be_averaged(cluster):
     _run(cluster, r'''
 import torch.distributed as dist, warnings

@@ -1,101 +1,21 @@
 /**
- * The jdist server extension's REST API (jdist/server/handlers.py): types and requests.
+ * The jdist server extension's REST API (jdist/server/handlers.py): requests. The types of its
+ * replies are generated from the Python models (./protocol.ts).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export type RankState = 'idle' | 'busy' | 'dead' | 'unknown';
+import {
+  IActionResult,
+  ICluster,
+  IClustersReply,
+  IRunDetail,
+  IRunsReply,
+  IRunSummary
+} from './protocol';
 
-export interface IRank {
-  rank: number;
-  host: string;
-  pid: number;
-  device: string;
-  local_rank?: number;
-  engine_id: number;
-  state: RankState;
-}
-
-export interface ICluster {
-  cluster_id: string;
-  kernel_id: string | null;
-  kernel_pid: number | null;
-  kernel_state: string | null;
-  managed: boolean;
-  notebook: string | null;
-  name: string;
-  backend: string;
-  n: number;
-  gpus: boolean;
-  timeout: number;
-  hosts: string[];
-  devices: string[];
-  ranks: IRank[];
-  status: 'running' | 'degraded' | 'dead';
-  problem: string | null;
-  started_at: number | null;
-  uptime_s: number | null;
-  current_run: string | null;
-}
-
-/** [steps, values] */
-export type Series = [number[], (number | null)[]];
-
-export interface IRunHead {
-  run_id: string;
-  status: string;
-  world_size: number;
-  backend: string;
-  device_kind: string;
-  started: number;
-  ended: number | null;
-  records: number;
-  total_steps: number | null;
-  cluster_id: string | null;
-  error: string | null;
-  notebook: string | null;
-  steps_done: number;
-}
-
-export interface IRunSummary extends IRunHead {
-  loss_name: string | null;
-  last_loss: number | null;
-  last_step_time_s: number | null;
-  spark: { loss: Series; step_time: Series };
-}
-
-export interface IPanels {
-  loss_name: string | null;
-  loss_steps: number[];
-  loss_mean: (number | null)[];
-  loss_min: (number | null)[];
-  loss_max: (number | null)[];
-  rank_labels: string[];
-  compute_s: (number | null)[];
-  comm_s: (number | null)[];
-  mem_title: string;
-  mem_mib: (number | null)[];
-  mem_peak_mib: (number | null)[];
-  /** model + optimizer state per rank (MiB), when the server's jdist reports it */
-  state_mib?: (number | null)[];
-  throughput_title: string;
-  throughput_steps: number[];
-  throughput: (number | null)[];
-}
-
-export interface IRunDetail extends IRunHead {
-  code: string;
-  path: string;
-  eta_s: number | null;
-  summary: string;
-  panels: IPanels;
-}
-
-export interface IActionResult {
-  ok: boolean;
-  via?: string;
-  message: string;
-}
+// The REST models are generated from jdist/protocol.py (tools/gen_protocol_ts.py).
+export * from './protocol';
 
 export class APIError extends Error {
   constructor(
@@ -132,8 +52,8 @@ export async function requestAPI<T>(path: string, init: RequestInit = {}): Promi
 }
 
 export const api = {
-  clusters: () => requestAPI<{ clusters: ICluster[] }>('clusters').then(d => d.clusters),
-  runs: (limit = 12) => requestAPI<{ runs: IRunSummary[] }>(`runs?limit=${limit}`).then(d => d.runs),
+  clusters: (): Promise<ICluster[]> => requestAPI<IClustersReply>('clusters').then(d => d.clusters),
+  runs: (limit = 12): Promise<IRunSummary[]> => requestAPI<IRunsReply>(`runs?limit=${limit}`).then(d => d.runs),
   run: (runId: string) => requestAPI<IRunDetail>(`runs/${encodeURIComponent(runId)}`),
   action: (clusterId: string, action: 'interrupt' | 'restart' | 'stop') =>
     requestAPI<IActionResult>(`clusters/${encodeURIComponent(clusterId)}/${action}`, { method: 'POST' })

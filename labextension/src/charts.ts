@@ -1,14 +1,13 @@
 /**
- * Small SVG charts drawn from plain arrays: sparklines for the sidebar and the four panels of
- * the run view (the notebook dashboard's: loss mean with min-max band, compute vs communication
- * per rank, memory per rank, throughput). Colours match the notebook dashboard.
+ * Small SVG charts drawn from plain arrays: sparklines for the sidebar, and a line chart (with an
+ * optional min-max band) and a bar chart (stacked or grouped) that draw the run view's panels.
+ * The panels' colours come with their data (jdist/metrics/panels.py), as in the notebook.
  */
 import { fmt } from './dom';
 
 const SVG = 'http://www.w3.org/2000/svg';
 export const BLUE = '#1f77b4';
 export const ORANGE = '#ff7f0e';
-export const GREEN = '#2ca02c';
 
 type Num = number | null | undefined;
 
@@ -166,7 +165,7 @@ function noData(f: IFrame, text = 'no data yet'): SVGSVGElement {
   return f.svg;
 }
 
-/** A line over steps, optionally with a min–max band (the loss panel) . */
+/** A line over steps, optionally with a min–max band around it (the loss panel). */
 export function lineChart(opts: {
   width: number;
   height: number;
@@ -176,10 +175,11 @@ export function lineChart(opts: {
   low?: Num[];
   high?: Num[];
   color?: string;
+  xTitle?: string;
   className?: string;
 }): SVGSVGElement {
   const color = opts.color ?? BLUE;
-  const legend: [string, string][] = opts.low ? [['mean over ranks', color], ['min–max', 'rgba(31,119,180,0.3)']] : [];
+  const legend: [string, string][] = opts.low ? [['mean over ranks', color], ['min–max', `${color}4d`]] : [];
   const f = frame(opts.width, opts.height, opts.title, legend);
   if (opts.className) {
     f.svg.classList.add(opts.className);
@@ -200,7 +200,7 @@ export function lineChart(opts: {
     );
   }
   f.svg.appendChild(
-    s('text', { x: f.plot.left + f.plot.width, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, 'step')
+    s('text', { x: f.plot.left + f.plot.width, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, opts.xTitle ?? 'step')
   );
   if (opts.low && opts.high) {
     // the band: along the max forward, back along the min (runs of points where both exist)

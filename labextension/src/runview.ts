@@ -1,14 +1,14 @@
 /**
- * The full view of one run in the main area: the notebook dashboard's four panels (loss mean
- * with min–max band across ranks, compute vs communication time per rank, memory per rank,
- * throughput), updated every second while the run goes, readable after it ended.
+ * The full view of one run in the main area: the notebook dashboard's panels (as data from the
+ * server: jdist/metrics/panels.py), each drawn by its kind (a line panel, a bar panel), updated
+ * every second while the run goes, readable after it ended. A new panel needs no change here.
  */
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { api, IRunDetail } from './api';
-import { BLUE, GREEN, ORANGE, barChart, lineChart } from './charts';
+import { api, IRunDetail, Panel } from './api';
+import { barChart, lineChart } from './charts';
 import { duration, fmt, h, runTime, setChildren } from './dom';
 import { jdistIcon } from './icon';
 
@@ -107,60 +107,8 @@ export class RunView extends Widget {
       pct !== null ? h('div', { class: 'jp-jdist-progress' }, h('div', { class: 'jp-jdist-progress-bar', style: `width: ${pct.toFixed(1)}%` })) : null,
       d.error && d.status !== 'interrupted' ? h('div', { class: 'jp-jdist-problem' }, d.error) : null
     );
-    const p = d.panels;
     const width = Math.max(260, Math.floor((this.grid.clientWidth || this.node.clientWidth || 800) / (this.grid.clientWidth > 720 ? 2 : 1)) - 18);
-    const height = 240;
-    const time = `time per step (s), last 20 steps`;
-    setChildren(
-      this.grid,
-      h(
-        'div',
-        { class: 'jp-jdist-chartbox', 'data-panel': 'loss' },
-        lineChart({ width, height, title: p.loss_name ?? 'loss', steps: p.loss_steps, values: p.loss_mean, low: p.loss_min, high: p.loss_max, className: 'jp-jdist-chart-loss' })
-      ),
-      h(
-        'div',
-        { class: 'jp-jdist-chartbox', 'data-panel': 'time' },
-        barChart({
-          width,
-          height,
-          title: time,
-          categories: p.rank_labels,
-          stacked: true,
-          series: [
-            { name: 'compute', color: BLUE, values: p.compute_s },
-            { name: 'communication', color: ORANGE, values: p.comm_s }
-          ],
-          format: v => `${fmt(v * 1000)} ms`,
-          className: 'jp-jdist-chart-time'
-        })
-      ),
-      h(
-        'div',
-        { class: 'jp-jdist-chartbox', 'data-panel': 'memory' },
-        barChart({
-          width,
-          height,
-          title: p.mem_title,
-          categories: p.rank_labels,
-          stacked: false,
-          series: [
-            { name: 'current', color: BLUE, values: p.mem_mib },
-            { name: 'peak', color: ORANGE, values: p.mem_peak_mib },
-            ...(p.state_mib
-              ? [{ name: 'model+optimizer', color: GREEN, values: p.state_mib, label: (v: number) => (v < 1 ? `${(v * 1024).toFixed(1)} KiB` : `${v.toFixed(1)} MiB`) }]
-              : [])
-          ],
-          format: v => `${fmt(v)} MiB`,
-          className: 'jp-jdist-chart-memory'
-        })
-      ),
-      h(
-        'div',
-        { class: 'jp-jdist-chartbox', 'data-panel': 'throughput' },
-        lineChart({ width, height, title: p.throughput_title, steps: p.throughput_steps, values: p.throughput, className: 'jp-jdist-chart-throughput' })
-      )
-    );
+    setChildren(this.grid, ...d.panels.map(p => h('div', { class: 'jp-jdist-chartbox', 'data-panel': p.key }, drawPanel(p, width, 240))));
     this.summary.textContent = d.summary;
     this.code.textContent = d.code;
   }
@@ -172,6 +120,49 @@ export class RunView extends Widget {
   private data: IRunDetail | null = null;
   private error: string | null = null;
   private timer: number | null = null;
+}
+
+/** Values with a unit, short: "12.3 ms", "310 MiB". */
+function formatter(unit: string): (v: number) => string {
+  if (unit === 's') {
+    return v => `${fmt(v * 1000)} ms`;
+  }
+  return v => `${fmt(v)} ${unit}`;
+}
+
+/** A MiB value small enough to read in KiB (the model+optimizer state beside a process's RSS). */
+function sizeLabel(unit: string): (v: number) => string {
+  return unit === 'MiB' ? v => (v < 1 ? `${(v * 1024).toFixed(1)} KiB` : `${v.toFixed(1)} MiB`) : formatter(unit);
+}
+
+/** One panel, by its kind. */
+export function drawPanel(p: Panel, width: number, height: number): SVGSVGElement {
+  const className = `jp-jdist-chart-${p.key}`;
+  if (p.kind === 'line') {
+    const s = p.series[0];
+    return lineChart({
+      width,
+      height,
+      title: p.title,
+      steps: s?.x ?? [],
+      values: s?.y ?? [],
+      low: s?.low ?? undefined,
+      high: s?.high ?? undefined,
+      color: s?.color,
+      xTitle: p.x_title,
+      className
+    });
+  }
+  return barChart({
+    width,
+    height,
+    title: p.title,
+    categories: p.categories,
+    stacked: p.stacked,
+    series: p.series.map(s => ({ name: s.name, color: s.color, values: s.values, label: s.labels ? sizeLabel(p.unit) : undefined })),
+    format: formatter(p.unit),
+    className
+  });
 }
 
 /** The run view in a main-area tab. */

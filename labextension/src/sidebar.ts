@@ -22,6 +22,7 @@ interface ICardState {
   buttons: Record<Action, HTMLButtonElement>;
   pending: Action | null;
   cluster: ICluster | null;
+  optionsOpen: boolean;
 }
 
 interface IRunRow {
@@ -162,7 +163,7 @@ export class DistributedSidebar extends Widget {
     const body = h('div', { class: 'jp-jdist-card-body' });
     const message = h('div', { class: 'jp-jdist-message', role: 'status' });
     const el = h('div', { class: 'jp-jdist-card jp-jdist-cluster' }, body, h('div', { class: 'jp-jdist-actions' }, buttons.interrupt, buttons.restart, buttons.stop), message);
-    return { el, body, message, buttons, pending: null, cluster: null };
+    return { el, body, message, buttons, pending: null, cluster: null, optionsOpen: false };
   }
 
   private fillCard(card: ICardState, c: ICluster): void {
@@ -207,7 +208,8 @@ export class DistributedSidebar extends Widget {
         h('thead', {}, h('tr', {}, h('th', {}, 'rank'), h('th', {}, 'host'), h('th', {}, 'device'), h('th', {}, 'pid'), h('th', {}, 'state'))),
         h('tbody', {}, ...rows)
       ),
-      busy && c.current_run ? h('div', { class: 'jp-jdist-meta' }, `running ${c.current_run}`) : null
+      busy && c.current_run ? h('div', { class: 'jp-jdist-meta' }, `running ${c.current_run}`) : null,
+      this.optionsTable(card, c)
     );
     const pending = card.pending !== null;
     const kernelIdle = c.kernel_state === 'idle';
@@ -222,6 +224,29 @@ export class DistributedSidebar extends Widget {
             ? 'Start fresh ranks with the same options (%dist restart; rank variables are lost)'
             : 'Stop the ranks (%dist stop)';
     }
+  }
+
+  /** The cluster's %%distributed options (jdist/options.py), folded; stays open across refreshes. */
+  private optionsTable(card: ICardState, c: ICluster): HTMLElement {
+    const rows = c.options.map(o =>
+      h(
+        'tr',
+        { 'data-option': o.name, title: o.help },
+        h('td', {}, o.flag),
+        h('td', {}, o.value),
+        h('td', { class: `jp-jdist-scope jp-jdist-scope-${o.scope}` }, o.scope === 'restart' ? 'needs --restart' : 'changes live')
+      )
+    );
+    const details = h(
+      'details',
+      { class: 'jp-jdist-options', open: card.optionsOpen },
+      h('summary', {}, `options (launcher ${c.launcher})`),
+      h('table', { class: 'jp-jdist-option-table' }, h('tbody', {}, ...rows))
+    );
+    details.addEventListener('toggle', () => {
+      card.optionsOpen = (details as HTMLDetailsElement).open;
+    });
+    return details;
   }
 
   private async act(key: string, action: Action): Promise<void> {

@@ -1,0 +1,147 @@
+"""jdist's errors, in one place (pure: no IPython, ipyparallel or torch needed).
+
+Two kinds of failure reach a notebook user:
+
+* **bad input** (an option, a rank list, a variable name): IPython's own
+  :class:`~IPython.core.error.UsageError`, shown as one ``UsageError: ...`` line, the same
+  as the errors of the magics' argument parser, so every bad-input message looks alike;
+* **faults** (a rank failed, died or hung; the cluster could not start): a
+  :class:`JdistError` subclass. They render as a red headline plus a few plain lines,
+  never as a traceback of jdist's own code (:class:`OneLineError`).
+
+A failure on one rank is a :class:`RankFailure` record (rank, exception name and text,
+traceback, when it completed), the equivalent of torch elastic's ``ProcessFailure``.
+
+Example:
+    >>> err = ClusterError("No mpiexec found. Install MPI: pip install mpich mpi4py")
+    >>> err._render_traceback_()
+    ['\\x1b[0;31mClusterError\\x1b[0m: No mpiexec found. Install MPI: pip install mpich mpi4py']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+#: Shown after a fault in which the rank processes died.
+DEAD_HINT = (
+    "The rank processes died (MPI ends the whole job when one rank exits or is killed). "
+    "Run %dist restart to start fresh ranks; their variables are lost."
+)
+
+
+def usage_error(message: str) -> Exception:
+    """IPython's ``UsageError`` (one ``UsageError: message`` line in a notebook).
+
+    Imported lazily: the ranks and the server never need IPython's magics machinery.
+    """
+    from IPython.core.error import UsageError
+
+    return UsageError(message)
+
+
+class JdistError(Exception):
+    """Base of jdist's fault errors."""
+
+
+class OneLineError(JdistError):
+    """Renders as ``<red>Name</red>: first line`` plus the remaining lines, no traceback.
+
+    ``lines``: the headline first, then any detail lines (what was done, what to do).
+    """
+
+    def __init__(self, *lines: str):
+        self.lines = [line for text in lines for line in str(text).splitlines()] or [""]
+        super().__init__(self.lines[0])
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self.lines[0]}", *self.lines[1:]]
+
+
+class ClusterError(OneLineError):
+    """A cluster could not be started or used; the message says what to do."""
+
+
+class ClusterChanged(JdistError):
+    """The cluster the sidebar showed is no longer the kernel's current cluster."""
+
+
+class RankDied(OneLineError):
+    """A rank process ended (killed, out of memory, exited): MPI ended the others too."""
+
+
+class HangError(OneLineError):
+    """The watchdog saw every running rank wait in a collective without progress."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What failed on one rank: the exception (``ename``/``evalue``), its traceback lines as
+    the rank rendered them, and when the rank's reply completed (unix time, None if unknown).
+
+    >>> RankFailure(1, "ValueError", "bad shard").summary
+    'ValueError: bad shard'
+    """
+
+    rank: int
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...] = ()
+    completed: float | None = None
+
+    @property
+    def summary(self) -> str:
+        return f"{self.ename}: {self.evalue}"
+
+
+def first_failure(failures: dict[int, RankFailure]) -> int:
+    """The rank whose failure completed first (the origin; others often fail because of it).
+
+    >>> first_failure({0: RankFailure(0, "E", "", completed=2.0), 1: RankFailure(1, "E", "", completed=1.0)})
+    1
+    """
+    return min(failures, key=lambda r: (failures[r].completed is None, failures[r].completed or 0, r))
+
+
+class RankError(JdistError):
+    """One or more ranks raised. Shows the failing ranks and the first failing rank's traceback once."""
+
+    def __init__(self, failed: dict[int, RankFailure], world_size: int, first: int, notes: Sequence[str] = ()):
+        self.failed = failed
+        self.world_size = world_size
+        self.first = first
+        self.notes = list(notes)
+        err = failed[first]
+        ranks = ", ".join(map(str, sorted(failed)))
+        self.headline = (
+            f"{len(failed)} of {world_size} rank(s) failed (rank{'s' if len(failed) > 1 else ''} "
+            f"{ranks}); first failure on rank {first}: {err.summary}"
+        )
+        super().__init__(self.headline)
+
+    def _render_traceback_(self) -> list[str]:
+        err = self.failed[self.first]
+        lines = [f"\x1b[0;31mRankError\x1b[0m: {self.headline}", "", f"Traceback from rank {self.first}:"]
+        lines += list(err.traceback) or [err.summary]
+        others = {r: e for r, e in self.failed.items() if r != self.first}
+        if others:
+            lines.append("")
+            lines += [f"rank {r}: {e.summary}" for r, e in sorted(others.items())]
+        if any(e.ename in ("EngineError", "RankDied") for e in self.failed.values()):
+            lines += ["", DEAD_HINT]
+        return lines + ([""] + list(self.notes) if self.notes else [])
+
+
+__all__ = [
+    "ClusterChanged",
+    "ClusterError",
+    "DEAD_HINT",
+    "HangError",
+    "JdistError",
+    "OneLineError",
+    "RankDied",
+    "RankError",
+    "RankFailure",
+    "first_failure",
+    "usage_error",
+]

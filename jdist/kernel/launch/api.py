@@ -1,0 +1,115 @@
+"""The launcher interface: how a cluster's ranks are started, watched, signalled and ended.
+
+A :class:`RankLauncher` composes one of ipyparallel's engine-set launcher classes (as
+ipyparallel's own ``cluster/launcher.py`` does: ``MPIEngineSetLauncher``,
+``SlurmEngineSetLauncher``...) with what jdist needs beyond starting engines: the death of a
+rank and its cause, the ranks' stacks while they are blocked, and ending what is left. The
+cluster (:class:`jdist.kernel.cluster.ClusterSession`) only talks to this interface, never to
+rank processes directly, so nothing assumes that the ranks run on the kernel's host.
+
+Launchers are found by name through the ``jdist.launchers`` entry points
+(:func:`jdist.plugins.launcher_class`; ``--launcher NAME``). jdist's own:
+``local-mpi`` (:class:`jdist.kernel.launch.local_mpi.LocalMPILauncher`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+from jdist.options import ClusterConfig
+from jdist.protocol import RankInfo
+from jdist.stacks import Frame
+
+
+@dataclass(frozen=True)
+class RankDeath:
+    """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), and what the
+    launcher printed (its last lines)."""
+
+    rank: int | None
+    cause: str
+    detail: str = ""
+
+
+class RankLauncher(ABC):
+    """Start, watch, signal and end the ranks of one cluster (see the module doc).
+
+    Lifecycle: ``probe()`` (before anything starts) → the cluster creates an ``ipyparallel.Cluster``
+    with :attr:`controller_ip` and :meth:`engine_launcher_class`, calls :meth:`configure` on its
+    config and :meth:`attach` with it → engines start and register (:meth:`exited_early` is polled
+    meanwhile) → ranks are set up → :meth:`watch` → cells run (:meth:`deaths`, :meth:`stacks`,
+    :meth:`death`) → :meth:`stop`.
+    """
+
+    #: The name under which it is registered (``--launcher``).
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: ClusterConfig, work_dir: Path):
+        self.config = config
+        self.work_dir = work_dir  # private to the cluster (0700)
+        self.ipp: Any = None  # the ipyparallel.Cluster, after attach()
+
+    # -- starting ---------------------------------------------------------------------------
+    def probe(self) -> None:
+        """Check the environment before anything starts; :class:`jdist.errors.ClusterError` with the fix."""
+
+    @property
+    def controller_ip(self) -> str:
+        """The address the ipyparallel controller listens on (loopback unless ranks are remote)."""
+        return "127.0.0.1"
+
+    @abstractmethod
+    def engine_launcher_class(self) -> type:
+        """The ipyparallel engine-set launcher class that starts the ranks."""
+
+    @abstractmethod
+    def configure(self, ipp_config: Any) -> None:
+        """Set the launcher's traits on the ipyparallel Cluster's config (commands, environment)."""
+
+    def attach(self, ipp_cluster: Any) -> None:
+        """The started ipyparallel Cluster (its controller and engine launchers)."""
+        self.ipp = ipp_cluster
+
+    def engine_launchers(self) -> list[Any]:
+        return list((self.ipp.engines or {}).values()) if self.ipp is not None else []
+
+    def output(self) -> str:
+        """What the engine launchers printed so far (for error messages)."""
+        text = ""
+        for launcher in self.engine_launchers():
+            try:
+                text += launcher.get_output(remove=False)
+            except Exception:  # only detail for a message: never hide the error it explains
+                pass
+        return text
+
+    @abstractmethod
+    def exited_early(self) -> str | None:
+        """The output of an engine launcher that ended before every rank registered, else None."""
+
+    # -- while the ranks run ----------------------------------------------------------------
+    @abstractmethod
+    def watch(self, ranks: Sequence[RankInfo]) -> None:
+        """Start noticing the death of any of ``ranks`` (the set-up ranks, by rank order)."""
+
+    @abstractmethod
+    def deaths(self) -> list[int]:
+        """Ranks whose process has ended, the first to end first. Cheap: called on every poll of a cell."""
+
+    def cell_started(self) -> None:
+        """A cell was sent to the ranks (a launcher may note counters to explain a death later)."""
+
+    @abstractmethod
+    def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
+        """Which rank died first and why; ends the others (MPI cannot go on without a rank)."""
+
+    @abstractmethod
+    def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
+        """Each rank's main-thread stack (innermost first), also while it is blocked in C++;
+        ranks that did not answer within ``timeout`` map to []."""
+
+    def stop(self) -> None:
+        """Release what the launcher holds (threads, files); the cluster stops the engines."""

@@ -1,0 +1,254 @@
+"""``--launcher local-mpi`` (the default): MPI ranks on the kernel's machine, listening nowhere.
+
+The ranks are ipyparallel engines started by ipyparallel's ``MPIEngineSetLauncher`` with
+MPICH's ``mpiexec.gforker`` from the running environment (not from PATH): Hydra, plain
+``mpiexec``, keeps a control port open on every interface for the whole job, whatever its
+options; gforker runs the ranks on one host and listens nowhere. MPI's UCX is kept on ``lo``.
+
+Because the ranks are local processes, this launcher watches them by PID: a thread waits on
+their pidfds and notes which ended first; each engine runs under a small shell that writes its
+own exit status into the cluster's private folder (mpiexec reports one status only, often of a
+rank it killed while cleaning up); stacks are dumped by ``SIGUSR1`` into that folder
+(faulthandler, see :mod:`jdist.rank.guard`); the kernel's cgroup tells an out-of-memory kill.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from jdist.errors import ClusterError
+from jdist.procs import pid_alive, popen_alive
+from jdist.protocol import RankInfo
+from jdist.stacks import Frame, parse_faulthandler
+
+from .api import RankDeath, RankLauncher
+
+#: Signal that makes a rank dump its stacks (jdist.rank.guard registers faulthandler on it).
+STACKS_SIGNAL = signal.SIGUSR1
+
+#: Shell around each engine: forwards the launcher's signals, then records the exit status.
+#: (A background job of a non-interactive shell starts with SIGINT ignored; the engine
+#: installs its own SIGINT handler, so interrupts still work.)
+RANK_WRAPPER = (
+    '"$@" & child=$!; '
+    "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
+    "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
+    "echo $code > {exit_file}; exit $code"
+)
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` of the running environment (``sys.prefix/bin``), else the one on PATH."""
+    candidate = Path(sys.prefix) / "bin" / "mpiexec"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise ClusterError(
+        f"No mpiexec found in {candidate.parent} or on PATH. Install MPI into this environment: "
+        f"{sys.executable} -m pip install mpich mpi4py"
+    )
+
+
+def local_mpiexec() -> str:
+    """MPICH's ``mpiexec.gforker`` next to :func:`mpiexec_path` when present (it listens nowhere)."""
+    mpiexec = mpiexec_path()
+    gforker = Path(mpiexec).with_name("mpiexec.gforker")
+    return str(gforker) if gforker.exists() else mpiexec
+
+
+def oom_kills() -> int | None:
+    """The kernel's out-of-memory kill count for this process's cgroup (None if unknown)."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::")[-1]
+        for line in (Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _engine_set_launcher() -> type:
+    """ipyparallel's MPI engine launcher, reading mpiexec's output leniently.
+
+    The ranks share one output file; gforker may split a multi-byte character between
+    two writes (gloo's error text ends in an emoji), and ipyparallel's strict UTF-8 read
+    would then fail inside its stop callback.
+    """
+    from ipyparallel.cluster.launcher import MPIEngineSetLauncher
+
+    class JdistMPIEngineSetLauncher(MPIEngineSetLauncher):
+        def get_output(self, remove: bool = False) -> str:
+            if self._output is None and self.output_file:
+                try:
+                    with open(self.output_file, "rb") as f:
+                        self._output = f.read().decode("utf-8", errors="replace")
+                except FileNotFoundError:
+                    pass
+            return super().get_output(remove=remove)
+
+    return JdistMPIEngineSetLauncher
+
+
+def _cause(code: int | None, oom: bool) -> str:
+    """A rank's exit status (128+N: killed by signal N) in words.
+
+    >>> _cause(137, False)
+    'killed by SIGKILL (kill -9, or the out-of-memory killer)'
+    >>> _cause(3, False)
+    'the process exited with code 3 (os._exit or sys.exit in the cell, or a crash)'
+    """
+    if oom:
+        return "killed by the out-of-memory killer (the machine ran out of memory)"
+    if code == 128 + signal.SIGKILL:
+        return "killed by SIGKILL (kill -9, or the out-of-memory killer)"
+    if code is not None and code > 128:
+        num = code - 128
+        return f"killed by {signal.Signals(num).name}" if num in signal.valid_signals() else f"killed by signal {num}"
+    if code is not None:
+        return f"the process exited with code {code} (os._exit or sys.exit in the cell, or a crash)"
+    return "the process ended (cause unknown)"
+
+
+class LocalMPILauncher(RankLauncher):
+    """MPI ranks on this machine (see the module doc)."""
+
+    name = "local-mpi"
+
+    def __init__(self, config: Any, work_dir: Path):
+        super().__init__(config, work_dir)
+        self._ranks: list[RankInfo] = []
+        self._deaths: list[int] = []  # ranks whose process ended, in order (filled by the watch thread)
+        self._unwatched: list[RankInfo] = []  # ranks without a pidfd (checked by PID)
+        self._oom_before: int | None = None
+
+    def probe(self) -> None:
+        mpiexec_path()
+
+    def engine_launcher_class(self) -> type:
+        return _engine_set_launcher()
+
+    def configure(self, ipp_config: Any) -> None:
+        ipp_config.MPILauncher.mpi_cmd = [local_mpiexec()]
+        ipp_config.MPILauncher.environment = {
+            # MPICH's default UCX netmod listens on every interface: keep it on loopback
+            "UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo"),
+            # a rank told to exit must not wait in MPI_Finalize for peers that may be gone
+            "MPI4PY_RC_FINALIZE": "false",
+        }
+        # mpiexec reports only one exit status, often of a rank it killed while cleaning up:
+        # a shell around each engine writes the rank's own status (128+N: killed by signal N).
+        # mpiexec signals only its direct children (these shells): they pass signals on.
+        exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
+        ipp_config.MPIEngineSetLauncher.engine_cmd = [
+            "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file), "jdist-rank",
+            sys.executable, "-m", "ipyparallel.engine",
+        ]
+
+    def exited_early(self) -> str | None:
+        for launcher in self.engine_launchers():
+            if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
+                try:
+                    return launcher.get_output(remove=False).strip() or "(no output)"
+                except OSError:
+                    return "(no output captured)"
+        return None
+
+    # -- while the ranks run ----------------------------------------------------------------
+    def watch(self, ranks: Sequence[RankInfo]) -> None:
+        """A thread waits on pidfds of the ranks and notes which ends first."""
+        self._ranks = list(ranks)
+        fds = {}
+        self._deaths, self._unwatched = [], []
+        for info in ranks:
+            try:
+                fds[os.pidfd_open(info["pid"])] = info["rank"]
+            except (OSError, AttributeError):  # no pidfd support: deaths() checks it by PID
+                self._unwatched.append(info)
+        deaths = self._deaths
+
+        def watch() -> None:
+            pending = dict(fds)
+            while pending:
+                ready, _, _ = select.select(list(pending), [], [])
+                for fd in sorted(ready, key=lambda f: pending[f]):
+                    deaths.append(pending.pop(fd))
+                    os.close(fd)
+
+        threading.Thread(target=watch, name="jdist-death-watch", daemon=True).start()
+
+    def deaths(self) -> list[int]:
+        return list(self._deaths) + [info["rank"] for info in self._unwatched if not pid_alive(info["pid"])]
+
+    def cell_started(self) -> None:
+        self._oom_before = oom_kills()
+
+    def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
+        """The cause comes from the rank's own exit status, written by the shell around its engine;
+        a higher out-of-memory kill count than at the cell's start means the OOM killer acted."""
+        deadline = time.monotonic() + wait
+        self._end_survivors()
+        first = dead[0] if dead else None
+        exit_file = self.work_dir / f"exit-{first}"
+        while time.monotonic() < deadline and not exit_file.exists():
+            time.sleep(0.02)
+        try:
+            code: int | None = int(exit_file.read_text())
+        except (OSError, ValueError):
+            code = None
+        oom_now = oom_kills()
+        oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
+        return RankDeath(first, _cause(code, oom), self.output().strip()[-2000:])
+
+    def _end_survivors(self) -> None:
+        """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""
+        import psutil
+
+        for info in self._ranks:
+            try:
+                proc = psutil.Process(info["pid"])
+                if "ipyparallel.engine" in " ".join(proc.cmdline()):  # still our engine, not a reused PID
+                    proc.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        deadline = time.monotonic() + 1.0  # until they have ended, so status says dead for every rank
+        while len(self.deaths()) < len(self._ranks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
+        """SIGUSR1 by PID; each rank's faulthandler appends its dump to ``rank-<r>.txt`` in the work folder."""
+        files = {}
+        for info in ranks:
+            path = self.work_dir / f"rank-{info['rank']}.txt"
+            if path.exists():
+                path.write_text("")  # the rank appends: start from an empty file
+            files[info["rank"]] = path
+            try:
+                os.kill(info["pid"], STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+        out: dict[int, list[Frame]] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < len(ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            for info in ranks:
+                r = info["rank"]
+                if r not in out and files[r].exists():
+                    frames = parse_faulthandler(files[r].read_text(), info["main_thread"])
+                    if frames:
+                        out[r] = frames
+        return {info["rank"]: out.get(info["rank"], []) for info in ranks}
+
+    def stop(self) -> None:
+        self._ranks, self._deaths, self._unwatched = [], [], []

@@ -1,0 +1,277 @@
+"""IPython magics: ``%%distributed`` runs a cell on every rank; ``%dist`` manages the cluster.
+
+Thin: the arguments come from :mod:`jdist.options` (each option defined once, with its
+scope), the work from :mod:`jdist.kernel.cluster` (lifecycle), :mod:`jdist.kernel.supervise`
+(cell execution) and :mod:`jdist.kernel.recovery`. Bad input is one ``UsageError: ...`` line
+that names the fix; faults are jdist's own one-line errors (:mod:`jdist.errors`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+from typing import Any, Callable
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from jdist import options
+from jdist.errors import usage_error
+from jdist.plugins import backend_spec
+from jdist.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
+
+from . import cluster as cl
+from . import recovery
+from .cluster import Push, SetupCell
+from .probes import probe
+from .supervise import raise_for_result, run_cell
+
+
+class CellSyntaxError(Exception):
+    """The cell does not parse: reported once, before anything is sent to the ranks."""
+
+    def __init__(self, err: SyntaxError):
+        self.err = err
+        super().__init__(str(err))
+
+    def _render_traceback_(self) -> list[str]:
+        return ["The cell was not sent to the ranks:"] + "".join(
+            traceback.format_exception_only(type(self.err), self.err)
+        ).rstrip().splitlines()
+
+
+def parse_targets(text: str | None) -> list[int] | None:
+    """``"0,2"`` -> ``[0, 2]``; ``"1-3"`` -> ``[1, 2, 3]``; ``None``/``"all"`` -> None (all ranks).
+
+    >>> parse_targets("0,2-3")
+    [0, 2, 3]
+    """
+    if text is None or text.strip().lower() == "all":
+        return None
+    ranks: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                ranks.extend(range(lo, hi + 1))
+            else:
+                ranks.append(int(part))
+    except ValueError:
+        raise usage_error(f"--targets {text!r} is not a rank list; use e.g. --targets 0 or --targets 0,2 "
+                          "or --targets 1-3.") from None
+    if any(r < 0 for r in ranks):
+        raise usage_error(f"--targets {text!r}: ranks are non-negative, e.g. --targets 0,1.")
+    return sorted(set(ranks))
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _with_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``@argument`` for every option of :mod:`jdist.options`, in order (decorators apply bottom-up)."""
+    for flags, kwargs in reversed(options.parser_arguments()):
+        fn = argument(*flags, **kwargs)(fn)
+    return magic_arguments()(fn)
+
+
+#: What a rank-side live option change prints (kernel-side ones apply silently).
+_LIVE_MESSAGES = {
+    "precision": "Precision is now {} on all ranks (prepared models included).",
+    "threads": "torch uses {} thread(s) per rank now.",
+}
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """``%%distributed`` and ``%dist``."""
+
+    @_with_options
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> None:
+        """Run the cell on every rank of an MPI-launched ipyparallel cluster.
+
+        The first call starts the cluster (``-n 2`` CPU ranks, or ``--gpus 2``); later
+        calls without options reuse it, and variables stay on the ranks between cells.
+        On every rank ``rank``, ``world_size``, ``local_rank``, ``device`` and ``jdist``
+        are defined; ``jdist.prepare(model)`` wraps for the backend and
+        ``jdist.log(step=..., loss=...)`` feeds the live dashboard.
+
+        Example::
+
+            %%distributed -n 2 --backend ddp
+            model = jdist.prepare(torch.nn.Linear(8, 1))
+        """
+        args = parse_argstring(self.distributed, line)
+        self._check_syntax(cell)
+        ranks = parse_targets(args.targets)
+        cluster = self._ensure_cluster(args)
+        try:
+            cluster.engine_ids(ranks)
+        except ValueError as exc:
+            raise usage_error(f"--targets: {exc}") from None
+        result = run_cell(cluster, cell, ranks=ranks, output=args.output or "rank0",
+                          dashboard=not args.no_dashboard, run_dir=args.run_dir)
+        notes = []
+        if result.death is not None and cluster.config.auto_restart:
+            _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")
+            notes.append(recovery.restart(cluster, _say))
+        elif result.ok and result.run is None:
+            cluster.history.append(SetupCell(cell, ranks))  # a set-up cell: replayed by %dist restart
+        raise_for_result(result, cluster.config.n, notes)
+
+    def _check_syntax(self, cell: str) -> None:
+        try:
+            compile(self.shell.transform_cell(cell), "<%%distributed cell>", "exec")
+        except SyntaxError as err:
+            raise CellSyntaxError(err) from None
+
+    def _ensure_cluster(self, args: Any) -> cl.ClusterSession:
+        running = cl.current()
+        old = running.config if running is not None else None
+        try:
+            plan = options.plan(options.requested(args), old, bool(args.restart))
+            if plan.action != "reuse":
+                probe(plan.config, old)
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
+        if plan.action == "reuse":
+            assert running is not None
+            if plan.live:
+                running.apply_live(plan.live)
+                for name, value in plan.live.items():
+                    if name in _LIVE_MESSAGES:
+                        _say(_LIVE_MESSAGES[name].format(value))
+            return running
+        if running is not None:
+            _say("Stopping the running cluster...")
+            running.stop()
+            cl.set_current(None)
+        cluster = cl.ClusterSession(plan.config)
+        if not args.no_dashboard:
+            from .dashboard import preload
+
+            threading.Thread(target=preload, name="jdist-preload", daemon=True).start()
+        cluster.start(_say)
+        cl.set_current(cluster)
+        return cluster
+
+    @magic_arguments()
+    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push"],
+              help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
+                   "set-up cells and restores the newest checkpoint); pull NAME; push NAME.")
+    @argument("name", nargs="?", default=None, help="Variable name for pull/push.")
+    @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
+    @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself).")
+    @line_magic
+    def dist(self, line: str) -> Any:
+        """Manage the jdist cluster of this kernel.
+
+        ``%dist status``       ranks, hosts, devices, backend, busy/idle
+        ``%dist stacks``       each rank's Python stack: which line it runs or waits on
+        ``%dist stop``         stop the cluster
+        ``%dist restart``      restart it with the same options, replay the set-up cells (those
+                               that logged nothing) and restore the newest jdist.checkpoint_every
+                               checkpoint; ``--fresh``: empty ranks
+        ``%dist pull NAME``    set NAME in the notebook to [value on rank 0, rank 1, ...];
+                               ``--rank R`` for the value of one rank
+        ``%dist push NAME``    send the notebook's NAME to every rank (or ``--rank R``)
+        """
+        args = parse_argstring(self.dist, line)
+        if args.command in ("pull", "push") and not args.name:
+            raise usage_error(f"%dist {args.command} needs a variable name, e.g. %dist {args.command} model_state")
+        cluster = cl.current()
+        if cluster is None:
+            if args.command == "stop":
+                _say("No jdist cluster is running.")
+                return None
+            raise usage_error("No jdist cluster is running: start one with %%distributed -n 2.")
+        ranks = None if args.rank is None else [args.rank]
+        handler = getattr(self, f"_dist_{args.command}")
+        try:
+            return handler(cluster, args, ranks)
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
+
+    def _dist_status(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        _say(format_status(cluster.status()))
+
+    def _dist_stop(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        cluster.stop()
+        cl.set_current(None)
+        _say("Cluster stopped.")
+
+    def _dist_stacks(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        spec = backend_spec(cluster.config.backend)
+        _say(format_stacks(cluster.stacks(ranks), spec.backward_waits, spec.collective_paths))
+
+    def _dist_restart(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        _say(recovery.restart(cluster, _say, restore=not args.fresh))
+
+    def _dist_push(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        if args.name not in self.shell.user_ns:
+            raise usage_error(f"%dist push {args.name}: no variable {args.name!r} in the notebook.")
+        value = self.shell.user_ns[args.name]
+        cluster.push(args.name, value, ranks)
+        cluster.history.append(Push(args.name, value, ranks))
+        _say(f"Pushed {args.name} to {'rank ' + str(args.rank) if ranks else 'all ranks'}.")
+
+    def _dist_pull(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        from ipyparallel.error import CompositeError, RemoteError
+
+        name = args.name
+        try:
+            values = cluster.pull(name, ranks)
+        except RemoteError as exc:
+            ename, evalue = exc.ename, exc.evalue
+            if isinstance(exc, CompositeError) and exc.elist:
+                ename, evalue = exc.elist[0][:2]
+            if ename == "NameError":
+                raise usage_error(f"%dist pull {name}: {evalue}. Define it in a %%distributed cell first.") from None
+            raise usage_error(
+                f"%dist pull {name}: the value could not be sent back ({ename}: {evalue}). "
+                "Pull something picklable, e.g. a state_dict or tensor."
+            ) from None
+        self.shell.user_ns[name] = values[0] if ranks else values
+        where = f"rank {ranks[0]}" if ranks else f"{len(values)} ranks (list in rank order)"
+        _say(f"{name} <- {where}")
+
+
+def format_stacks(stacks: dict[int, list[Frame]], backward_waits: bool = False,
+                  collective_paths: tuple[str, ...] = COLLECTIVE_PATHS) -> str:
+    """``%dist stacks`` text: per rank a one-line summary, then its stack (outermost first)."""
+    out = []
+    for rank, frames in sorted(stacks.items()):
+        out.append(f"rank {rank}: {summary(frames, backward_waits, collective_paths)}")
+        if frames:
+            out.append(format_stack(frames))
+    return "\n".join(out)
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """Human-readable ``%dist status`` text."""
+    cfg = status["config"]
+    kind = "GPU" if cfg["gpus"] else "CPU"
+    lines = [
+        f"jdist cluster {status['cluster_id']}: {cfg['n']} {kind} rank(s), backend {cfg['backend']}, "
+        f"precision {cfg.get('precision', 'fp32')}, process-group timeout {cfg['timeout']:g} s, "
+        f"up {status['uptime_s']:.0f} s",
+        f"{'rank':>4}  {'host':<16} {'pid':>8}  {'device':<8} {'state':<5}",
+    ]
+    for r in status["ranks"]:
+        lines.append(f"{r['rank']:>4}  {r['host']:<16} {r['pid']:>8}  {r['device']:<8} {r['state']:<5}")
+    return "\n".join(lines)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%%distributed`` and ``%dist``, and make ``jdist`` a name of the notebook."""
+    ipython.register_magics(DistributedMagics)
+    ipython.user_ns.setdefault("jdist", sys.modules["jdist"])
+
+
+__all__ = ["DistributedMagics", "format_stacks", "format_status", "load_ipython_extension",
+           "parse_targets"]

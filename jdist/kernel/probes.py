@@ -1,0 +1,62 @@
+"""Start-time checks of the machine, before any rank starts (the pure checks are
+:meth:`jdist.options.ClusterConfig.check`; the launcher probes its own needs).
+
+Each raises ValueError with the fix.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from jdist.options import ClusterConfig
+from jdist.plugins import backend_spec
+
+
+def visible_gpus() -> int:
+    """CUDA devices visible to this process (0 without torch or CUDA); does not initialise CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+def port_in_use(port: int) -> str | None:
+    """Who holds TCP ``port`` on this machine (e.g. ``"PID 123, python"``), None if it is free."""
+    import psutil
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("", port))
+        return None
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f"PID {conn.pid}, {psutil.Process(conn.pid).name()}"
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        pass
+    return "held by another process"
+
+
+def probe(config: ClusterConfig, running: ClusterConfig | None = None) -> None:
+    """Check that ``config`` can start here. ``running``: the config of the cluster it replaces
+    (its own ``--port`` is held by its rank 0 until it stops, so that port is not probed)."""
+    missing = backend_spec(config.backend).unavailable()
+    if missing:
+        raise ValueError(missing)
+    if config.port is not None and not (running is not None and running.port == config.port):
+        holder = port_in_use(config.port)
+        if holder:
+            raise ValueError(f"--port {config.port} is in use on this machine ({holder}). "
+                             "Choose another --port, or leave --port out (no port is needed on one machine).")
+    if config.gpus:
+        have = visible_gpus()
+        if have < config.n:
+            raise ValueError(
+                f"--gpus {config.n} asks for {config.n} GPUs but this machine has {have} visible CUDA GPU(s). "
+                f"Use -n {config.n} to run {config.n} CPU ranks with gloo" + (f", or --gpus {have}." if have else ".")
+            )

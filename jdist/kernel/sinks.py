@@ -1,0 +1,129 @@
+"""Where a run's records go in the kernel: one :class:`RecordSink` interface, three sinks.
+
+The supervisor hands each new record to every sink of the cell's run: :class:`KernelRuns`
+(the kernel's recent runs in memory: ``jdist.last_run()``, ``jdist.runs()``), :class:`RunLogSink`
+(the run folder on disk, which the Jupyter server's sidebar reads) and :class:`DashboardSink`
+(the live dashboard under the cell). Another destination (TensorBoard, MLflow...) is one more
+sink in :func:`default_sinks`.
+
+Example:
+    >>> from jdist.metrics import Run
+    >>> sink = KernelRuns()
+    >>> sink.start(Run("r1", 1)); sink.finish(sink.run)
+    >>> last_run().run_id
+    'r1'
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from jdist.metrics import Run, RunLog
+from jdist.protocol import Record
+
+#: How many runs the kernel keeps in memory (``jdist.runs()``); the run log on disk keeps every run.
+MAX_RUNS_IN_MEMORY = 10
+
+_runs: deque[Run] = deque(maxlen=MAX_RUNS_IN_MEMORY)
+
+
+def last_run() -> Run | None:
+    """The most recent run of this kernel (a :class:`jdist.metrics.Run`), or None.
+
+    >>> jdist.last_run().history.head()   # doctest: +SKIP
+    """
+    return _runs[-1] if _runs else None
+
+
+def runs() -> list[Run]:
+    """This kernel's most recent runs, oldest first (up to :data:`MAX_RUNS_IN_MEMORY`; older
+    ones are in the run log on disk: ``jdist.read_run(path)``, ``jdist.metrics.list_runs()``)."""
+    return list(_runs)
+
+
+class RecordSink(Protocol):
+    def start(self, run: Run) -> None:
+        """The run began (its first record or progress message arrived)."""
+
+    def add(self, records: list[Record]) -> None:
+        """New records of the run (already in ``run.records``, duplicates dropped)."""
+
+    def tick(self) -> None:
+        """Called on every poll while the cell runs (about 20 times a second)."""
+
+    def finish(self, run: Run) -> None:
+        """The cell ended: ``run.status``, ``run.error`` and ``run.ended`` are set."""
+
+
+class KernelRuns:
+    """Keeps the run among the kernel's recent runs."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+
+    def start(self, run: Run) -> None:
+        self.run = run
+        _runs.append(run)
+
+    def add(self, records: list[Record]) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def finish(self, run: Run) -> None:
+        pass
+
+
+class RunLogSink:
+    """Writes the run folder (``meta.json`` + ``metrics.jsonl``) under ``root`` (default: the run dir)."""
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = root
+        self.log: RunLog | None = None
+
+    def start(self, run: Run) -> None:
+        self.log = RunLog(run, self.root)
+
+    def add(self, records: list[Record]) -> None:
+        assert self.log is not None
+        self.log.append(records)
+
+    def tick(self) -> None:
+        pass
+
+    def finish(self, run: Run) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+class DashboardSink:
+    """The live dashboard under the cell (:class:`jdist.kernel.dashboard.Dashboard`), replaced by
+    its static summary at the end."""
+
+    def __init__(self) -> None:
+        self.board: Any = None
+
+    def start(self, run: Run) -> None:
+        from .dashboard import Dashboard
+
+        self.board = Dashboard(run)
+        self.board.show()
+
+    def add(self, records: list[Record]) -> None:
+        pass  # drawn on tick, throttled
+
+    def tick(self) -> None:
+        self.board.update()
+
+    def finish(self, run: Run) -> None:
+        self.board.finish()
+
+
+def default_sinks(run: Run, dashboard: bool = True, run_dir: str | None = None) -> list[RecordSink]:
+    """The sinks of a ``%%distributed`` cell's run."""
+    sinks: list[RecordSink] = [KernelRuns(), RunLogSink(run_dir)]
+    if dashboard:
+        sinks.append(DashboardSink())
+    return sinks

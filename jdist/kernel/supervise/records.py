@@ -1,0 +1,113 @@
+"""A cell's data messages: records into its :class:`~jdist.metrics.Run` and the run's sinks,
+checkpoint events into the cluster, and at the end a check that no record was lost.
+
+The run is created with the first record or progress message (a cell that logs nothing has no
+run); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from jdist.metrics import Run, missing_seqs, new_run_id
+from jdist.protocol import DataMessage, Record
+
+from ..cluster import CheckpointPlan
+
+if TYPE_CHECKING:
+    from ..cluster import ClusterSession
+    from ..sinks import RecordSink
+
+
+class RecordCollector:
+    """Main thread only (sinks may be widgets)."""
+
+    def __init__(self, cluster: ClusterSession, code: str, sinks: Callable[[Run], list[RecordSink]]):
+        self.cluster = cluster
+        self.code = code
+        self.make_sinks = sinks
+        self.run: Run | None = None
+        self.sinks: list[RecordSink] = []
+        self.cells: dict[int, int] = {}  # rank -> cell id on the rank
+        self.done: dict[int, int] = {}  # rank -> record count reported at cell end
+        self.seqs: dict[int, set[int]] = {}
+
+    def _ensure_run(self) -> Run:
+        if self.run is None:
+            cfg = self.cluster.config
+            self.run = Run(run_id=new_run_id(), world_size=cfg.n, backend=cfg.backend,
+                           device_kind="cuda" if cfg.gpus else "cpu", code=self.code,
+                           cluster_id=self.cluster.cluster_id)
+            self.sinks = self.make_sinks(self.run)
+            for sink in self.sinks:
+                sink.start(self.run)
+        return self.run
+
+    def handle(self, rank: int, msg: DataMessage) -> None:
+        self.cells[rank] = msg["cell"]
+        kind = msg["kind"]
+        if kind == "records":
+            self._add(msg["records"])
+        elif kind == "progress" and msg["total_steps"] is not None:
+            self._ensure_run().total_steps = msg["total_steps"]
+        elif kind == "cell_end":
+            if msg["total_steps"] is not None:
+                self._ensure_run().total_steps = msg["total_steps"]
+            self._add(msg["records"])
+            self.done[rank] = msg["count"]
+        elif kind == "checkpoint_every" and rank == 0:
+            self.cluster.checkpoint = CheckpointPlan(msg["every"], msg["directory"], msg["keep"], msg["names"])
+        elif kind == "checkpoint_saved" and rank == 0 and self.cluster.checkpoint is not None:
+            self.cluster.checkpoint.latest = {"path": msg["path"], "step": msg["step"]}
+
+    def _add(self, records: list[Record]) -> None:
+        if not records:
+            return
+        run = self._ensure_run()
+        for rec in records:
+            self.seqs.setdefault(rec["rank"], set()).add(rec["seq"])
+        new = run.add(records)
+        for sink in self.sinks:
+            sink.add(new)
+
+    def tick(self) -> None:
+        for sink in self.sinks:
+            sink.tick()
+
+    def repair(self, ranks: Sequence[int]) -> int:
+        """Fetch records the stream missed, using each rank's final count. Returns how many.
+
+        A rank whose end-of-cell message was not seen (it can come before the IOPub
+        callbacks are attached, for a very short cell) is asked for its count directly.
+        """
+        unknown = [r for r in ranks if r not in self.done]
+        if unknown:
+            for rank, (cell, count) in zip(unknown, self.cluster.call("cell_count", ranks=unknown, timeout=10)):
+                self.cells[rank], self.done[rank] = cell, count
+        fetched = 0
+        for rank, count in self.done.items():
+            missing = missing_seqs(self.seqs.get(rank, ()), count)
+            if missing:
+                recs = self.cluster.call("records", self.cells[rank], missing, ranks=[rank])[0]
+                self._add(recs)
+                fetched += len(recs)
+                if len(recs) < len(missing):
+                    print(
+                        f"jdist: {len(missing) - len(recs)} of {count} records of rank {rank} were lost in transport "
+                        "and are no longer kept on the rank (it keeps the first and the latest records of a cell: "
+                        "jdist.rank.stream.RecordStream.keep_first / keep_last).",
+                        file=sys.stderr,
+                    )
+        return fetched
+
+    def finish(self, status: str, error: str | None) -> None:
+        if self.run is None:
+            return
+        import time
+
+        self.run.ended = time.time()
+        self.run.status = status
+        self.run.error = error
+        for sink in self.sinks:
+            sink.finish(self.run)

@@ -1,0 +1,118 @@
+"""How a cell's outcome is shown: one concise error, plus what was done about the other ranks.
+
+:func:`raise_for_result` raises :class:`jdist.errors.RankDied`, :class:`~jdist.errors.HangError`,
+:class:`~jdist.errors.RankError` or KeyboardInterrupt for a cell that did not finish, with the
+lines of :func:`fault_notes` (ranks released, the process group re-created, ranks stuck).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from jdist.errors import HangError, RankDied, RankError, RankFailure
+from jdist.metrics import Run
+
+from ..launch import RankDeath
+from .outcome import Observations, Outcome
+
+#: How long to wait for ranks after an interrupt before telling the user they are stuck.
+INTERRUPT_GRACE_S = 10.0
+
+
+@dataclass
+class CellResult:
+    """What happened to one cell: its observations, outcome and run (None if nothing was logged)."""
+
+    obs: Observations
+    outcome: Outcome
+    run: Run | None = None
+    repaired: dict[str, Any] | None = None  # the re-created process group (see the supervisor)
+    stuck_stacks: dict[int, str] = field(default_factory=dict)
+    watchdog_s: float = 0.0
+    elapsed_s: float = 0.0
+
+    @property
+    def death(self) -> RankDeath | None:
+        return self.obs.death
+
+    @property
+    def hang(self) -> dict[int, str] | None:
+        return self.obs.hang
+
+    @property
+    def failed(self) -> dict[int, RankFailure]:
+        return self.outcome.failed
+
+    @property
+    def interrupted(self) -> bool:
+        return self.outcome.interrupted
+
+    @property
+    def ok(self) -> bool:
+        """The cell finished on every rank."""
+        return self.outcome.status.value == "finished"
+
+
+def fault_notes(result: CellResult) -> list[str]:
+    """What was done about released or stuck ranks and what was kept, as lines for the user."""
+    lines = []
+    obs = result.obs
+    rep = result.repaired or {}
+    where = rep.get("released_from", {})
+    if obs.released:
+        first = result.outcome.first_failed
+        why = "of the hang" if obs.hang is not None else (
+            f"rank {first} failed" if first is not None else "of the interrupt")
+        for r in obs.released:
+            how = f"it was waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt"
+            lines.append(f"rank {r}: released because {why} ({how}).")
+    if "error" in rep:
+        lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
+    elif result.repaired:
+        text = "The process group was re-created on all ranks; variables on the ranks are kept"
+        if rep["reattached"]:
+            text += f", and DDP model(s) {', '.join(rep['reattached'])} now use the new group"
+        lines.append(text + ".")
+        if rep["stale"]:
+            lines.append(
+                f"Not kept: FSDP model(s) {', '.join(rep['stale'])} hold the old group; prepare them again "
+                "(e.g. from jdist.latest_checkpoint), or %dist restart."
+            )
+    if obs.stuck:
+        lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s:")
+        lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
+        lines.append("Run %dist restart to get the ranks back (their variables are lost; %dist stacks shows where they are).")
+    return lines
+
+
+def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = ()) -> None:
+    """Raise one concise error for a failed, hung, dead or interrupted cell (nothing if it finished).
+
+    ``notes``: extra lines (e.g. what an automatic restart did).
+    """
+    extra = fault_notes(result) + list(notes)
+    obs = result.obs
+    if obs.death is not None:
+        d = obs.death
+        raise RankDied(
+            f"rank {d.rank} died: {d.cause}. MPI ended the other rank(s) too "
+            f"(detected after {result.elapsed_s:.1f} s).",
+            *(extra or ["Run %dist restart to start fresh ranks: it replays the set-up cells and restores the "
+                        "newest checkpoint of jdist.checkpoint_every, if there is one; other variables are lost."]),
+        )
+    if obs.hang is not None and not result.failed:
+        finished = [r for r in obs.ranks if r not in obs.hang]
+        lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
+                 "(--watchdog).", *[f"  rank {r}: waiting in {w}" for r, w in sorted(obs.hang.items())]]
+        lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+        raise HangError(*lines, *extra)
+    if result.interrupted:
+        msg = "Interrupted: every rank received SIGINT"
+        msg += "." if obs.stuck else " and stopped; variables on the ranks are kept."
+        print("\n".join([msg, *extra]), file=sys.stderr)
+        raise KeyboardInterrupt(msg)
+    if result.failed:
+        assert result.outcome.first_failed is not None
+        raise RankError(result.failed, world_size, result.outcome.first_failed, extra)

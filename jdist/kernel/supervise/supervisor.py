@@ -1,0 +1,211 @@
+"""One ``%%distributed`` cell, supervised from send to report.
+
+Data flows one way: ipyparallel's IO thread hands every IOPub message of the cell (output,
+displays, jdist's data messages) to a queue (:class:`~jdist.kernel.supervise.view.IppCellView`);
+the kernel's main thread drains it while it waits, prints rank output, feeds records to the
+run's sinks (:class:`~jdist.kernel.supervise.records.RecordCollector`) and polls the fault
+detectors (:mod:`~jdist.kernel.supervise.detectors`). Widgets and displays are only touched from
+the main thread (ipykernel 7 rule).
+
+States: RUNNING → (a release or an interrupt) RELEASING → DRAINING → DONE. In RELEASING the
+ranks got SIGINT and have :data:`~jdist.kernel.supervise.report.INTERRUPT_GRACE_S` seconds to
+stop. In DRAINING the output tail is collected, lost records are fetched from the ranks, and a
+process group broken by a release is re-created. :func:`jdist.kernel.supervise.outcome.classify`
+then decides what happened.
+
+Example:
+    >>> result = run_cell(cluster, "print(rank)")   # doctest: +SKIP
+    >>> result.run is None        # the cell logged nothing   # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from jdist.errors import RankFailure
+from jdist.metrics import Run
+from jdist.plugins import backend_spec
+from jdist.protocol import parse_message
+from jdist.stacks import summary
+
+from .detectors import Detector, Release, Stop, default_detectors
+from .outcome import Observations, classify
+from .output import RankOutput
+from .records import RecordCollector
+from .report import INTERRUPT_GRACE_S, CellResult
+from .view import IppCellView, Message
+
+if TYPE_CHECKING:
+    from ..cluster import ClusterSession
+    from ..sinks import RecordSink
+
+
+class Phase(str, Enum):
+    RUNNING = "running"
+    RELEASING = "releasing"
+    DRAINING = "draining"
+    DONE = "done"
+
+
+class CellSupervisor:
+    """Runs one cell on its ranks until it ends, handling faults on the way (see the module doc)."""
+
+    def __init__(self, cluster: ClusterSession, code: str, ranks: Sequence[int] | None, output: str,
+                 sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
+                 poll_s: float = 0.05):
+        self.cluster = cluster
+        self.code = code
+        targets = cluster.engine_ids(ranks)
+        self.ranks = [cluster.rank_of_engine(e) for e in targets]
+        self.output = RankOutput(output, self.ranks)
+        self.records = RecordCollector(cluster, code, sinks)
+        self.detectors = detectors if detectors is not None else default_detectors(cluster.config.watchdog)
+        self.poll_s = poll_s
+        self.obs = Observations(ranks=list(self.ranks))
+        self.phase = Phase.RUNNING
+        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self.view: IppCellView = None  # type: ignore[assignment]  # set by run()
+        self.last_progress = time.monotonic()
+        self.deadline: float | None = None
+
+    @property
+    def releasing(self) -> bool:
+        return self.phase is not Phase.RUNNING
+
+    def run(self) -> CellResult:
+        t0 = time.perf_counter()
+        self.view = IppCellView(self.cluster.execute(self.code, self.ranks), self.ranks)
+        self.view.attach(self.inbox)
+        self.last_progress = time.monotonic()
+        self._wait()
+        self.phase = Phase.DRAINING
+        result = self._drain()
+        result.elapsed_s = time.perf_counter() - t0
+        self.phase = Phase.DONE
+        return result
+
+    # -- RUNNING / RELEASING -----------------------------------------------------------------
+    def _wait(self) -> None:
+        view = self.view
+        done_count = 0
+        while not view.ready():
+            try:
+                view.wait(self.poll_s)
+                now = time.monotonic()
+                if self._pump():
+                    self.last_progress = now
+                self.records.tick()
+                done = view.done_count()
+                if done != done_count:
+                    done_count, self.last_progress = done, now
+                for detector in self.detectors:
+                    action = detector.poll(now, self)
+                    if isinstance(action, Stop):
+                        self.obs.death = action.death
+                        return
+                    if isinstance(action, Release):
+                        self._release(action)
+                        break
+            except KeyboardInterrupt:
+                if not self.obs.interrupted:
+                    self.obs.interrupted = True
+                    self.cluster.interrupt(self.ranks)
+                    self._start_grace()
+            if self.deadline is not None and time.monotonic() > self.deadline and not view.ready():
+                return
+
+    def _release(self, action: Release) -> None:
+        if action.hang is not None:
+            self.obs.hang = action.hang
+        self.obs.released = self.view.running()
+        self.cluster.interrupt(self.obs.released)
+        self._start_grace()
+
+    def _start_grace(self) -> None:
+        self.phase = Phase.RELEASING
+        self.deadline = time.monotonic() + INTERRUPT_GRACE_S
+
+    def _pump(self) -> bool:
+        """Hand every queued message on; True if there was any."""
+        got = False
+        while True:
+            try:
+                rank, kind, content = self.inbox.get_nowait()
+            except queue.Empty:
+                return got
+            got = True
+            if kind == "stream":
+                self.output.stream(rank, content["name"], content["text"])
+            elif kind in ("display_data", "execute_result"):
+                self.output.display(rank, content)
+            elif kind == "data":
+                msg = parse_message(content)
+                if msg is not None:
+                    self.records.handle(rank, msg)
+
+    # -- DRAINING ----------------------------------------------------------------------------
+    def _drain(self) -> CellResult:
+        obs, view, cluster = self.obs, self.view, self.cluster
+        stuck_stacks: dict[int, str] = {}
+        if obs.death is None and view.ready():
+            view.wait_for_output(5)
+        elif obs.death is None:
+            obs.stuck = view.running()
+            spec = backend_spec(cluster.config.backend)
+            stuck_stacks = {r: summary(f, spec.backward_waits, spec.collective_paths)
+                            for r, f in cluster.stacks(obs.stuck).items()}
+        self._pump()
+        if obs.death is not None:
+            d = obs.death
+            obs.failures = {r: RankFailure(r, "RankDied", f"the process of rank {r} ended: {d.cause}" if r == d.rank
+                                           else f"ended by MPI after rank {d.rank} died") for r in self.ranks}
+        elif view.ready():
+            obs.failures = view.failures()
+            try:
+                self.records.repair(self.ranks)
+            except Exception as exc:  # say so rather than hide it
+                print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
+        self.output.close()
+        repaired = None
+        if obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
+            repaired = repair_group(cluster)
+        outcome = classify(obs)
+        self.records.finish(outcome.status.run_status, outcome.error)
+        return CellResult(obs, outcome, run=self.records.run, repaired=repaired, stuck_stacks=stuck_stacks,
+                          watchdog_s=cluster.config.watchdog)
+
+
+def repair_group(cluster: ClusterSession) -> dict[str, Any] | None:
+    """Re-create the process group on all ranks if a release broke it; what was kept."""
+    try:
+        states = cluster.call("guard_state", timeout=10)
+        if not any(st["broken"] for st in states):
+            return None
+        reports = cluster.call("repair_group", timeout=cluster.config.timeout + 10)
+    except Exception as exc:  # the ranks are not usable: say what to do
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "released_from": {r: rep["released_from"] for r, rep in enumerate(reports) if rep["released_from"]},
+        "reattached": reports[0]["reattached"],
+        "stale": reports[0]["stale"],
+    }
+
+
+def run_cell(cluster: ClusterSession, code: str, ranks: Sequence[int] | None = None, output: str = "rank0",
+             dashboard: bool = True, run_dir: str | None = None) -> CellResult:
+    """Run ``code`` on ``ranks`` (default all), streaming output and metrics until it ends.
+
+    ``output``: ``rank0`` (lowest selected rank, live), ``all`` (every rank, line by line,
+    labelled) or ``none``. ``dashboard``: a live dashboard under the cell once it logs.
+    ``run_dir``: where its run log goes. Faults are handled while it waits (see
+    docs/reliability.md). Returns a :class:`CellResult`; errors are not raised here
+    (:func:`jdist.kernel.supervise.report.raise_for_result`).
+    """
+    from ..sinks import default_sinks
+
+    return CellSupervisor(cluster, code, ranks, output, lambda run: default_sinks(run, dashboard, run_dir)).run()

@@ -1,0 +1,132 @@
+"""One running cell as ipyparallel sees it: the only code that reads ipyparallel's private members.
+
+:class:`IppCellView` wraps the ``AsyncResult`` of ``view.execute``: which ranks still run,
+which failed (as :class:`jdist.errors.RankFailure`), and the IOPub messages of the cell, handed
+to a queue. ipyparallel's public API gives neither per-engine futures nor IOPub callbacks, so
+this reads ``AsyncResult._children`` (one future per engine, in the order the cell was sent),
+each future's ``iopub_callbacks`` and its ``output.metadata``, and the client's IO loop. That
+is why ipyparallel is pinned to 9.x (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import datetime
+from typing import Any, Sequence
+
+from jdist.errors import ClusterError, RankFailure
+from jdist.protocol import DATA_KEY
+
+#: (rank, kind, content): kind is "stream", "display_data", "execute_result" or "data".
+Message = tuple[int, str, Any]
+
+
+class IppCellView:
+    """A cell sent to ``ranks`` (in the order of the AsyncResult's targets)."""
+
+    def __init__(self, ar: Any, ranks: Sequence[int]):
+        self.ar = ar
+        self.ranks = list(ranks)
+        self._children = list(ar._children)
+        if len(self._children) != len(self.ranks):
+            raise ValueError(f"{len(self._children)} engine futures for {len(self.ranks)} ranks")
+
+    def attach(self, inbox: queue.SimpleQueue[Message]) -> None:
+        """Hand every IOPub message of the cell to ``inbox`` (from ipyparallel's IO thread: only enqueue there).
+
+        Runs on the client's IO thread itself, which also dispatches IOPub messages: what had
+        arrived before (kept in the futures' metadata) is replayed and the callbacks are added
+        in one step, so nothing is delivered twice or missed.
+        """
+        from ipyparallel import serialize
+
+        def callback_for(rank: int) -> Any:
+            def callback(msg: dict[str, Any]) -> None:
+                kind = msg["header"]["msg_type"]
+                if kind == "data_message":
+                    data, _ = serialize.deserialize_object(msg["buffers"])
+                    if DATA_KEY in data:
+                        inbox.put((rank, "data", data[DATA_KEY]))
+                elif kind in ("stream", "display_data", "execute_result"):
+                    inbox.put((rank, kind, msg["content"]))
+
+            return callback
+
+        done = threading.Event()
+
+        def on_io_thread() -> None:
+            try:
+                for rank, future in zip(self.ranks, self._children):
+                    md = future.output.metadata
+                    for name in ("stdout", "stderr"):
+                        if md[name]:
+                            inbox.put((rank, "stream", {"name": name, "text": md[name]}))
+                    for content in md["outputs"]:
+                        inbox.put((rank, "display_data", content))
+                    if md["execute_result"]:
+                        inbox.put((rank, "execute_result", md["execute_result"]))
+                    if DATA_KEY in md["data"]:  # the latest data message (earlier ones are repaired)
+                        inbox.put((rank, "data", md["data"][DATA_KEY]))
+                    future.iopub_callbacks.append(callback_for(rank))
+            finally:
+                done.set()
+
+        self.ar._client._io_loop.add_callback(on_io_thread)
+        if not done.wait(30):
+            raise ClusterError("The ipyparallel client's IO thread does not answer: run %dist restart.")
+
+    # -- state ------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.ar.ready()
+
+    def wait(self, timeout: float) -> None:
+        self.ar.wait(timeout)
+
+    def wait_for_output(self, timeout: float) -> None:
+        self.ar.wait_for_output(timeout=timeout)
+
+    def done_count(self) -> int:
+        return sum(c.done() for c in self._children)
+
+    def running(self) -> list[int]:
+        """Ranks whose part of the cell has not ended."""
+        return [r for r, c in zip(self.ranks, self._children) if not c.done()]
+
+    def failed_while_others_run(self) -> bool:
+        """Some ranks failed while others still run (they may wait for them in a collective)."""
+        failed = any(c.done() and md.get("status") == "error" for c, md in zip(self._children, self.ar.metadata))
+        return failed and not all(c.done() for c in self._children)
+
+    def failures(self) -> dict[int, RankFailure]:
+        """Per rank whose part failed (engine death included): what failed and when (call once ready)."""
+        from ipyparallel.error import RemoteError
+
+        out: dict[int, RankFailure] = {}
+        for rank, child, md in zip(self.ranks, self._children, self.ar.metadata):
+            err = md.get("error")
+            if err is None and child.exception() is not None:
+                err = child.exception()
+            if err is None and isinstance(child.result(), RemoteError):
+                err = child.result()  # a dead engine's "result" (EngineError)
+            if err is None and md.get("status") == "error":
+                out[rank] = RankFailure(rank, "UnknownError", "the rank reported an error without details",
+                                        completed=_timestamp(md.get("completed")))
+                continue
+            if err is None:
+                continue
+            render = getattr(err, "render_traceback", None)
+            out[rank] = RankFailure(
+                rank,
+                getattr(err, "ename", None) or type(err).__name__,
+                getattr(err, "evalue", None) or str(err),
+                tuple(render()) if callable(render) else (),
+                _timestamp(md.get("completed")),
+            )
+        return out
+
+
+def _timestamp(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return float(value) if isinstance(value, (int, float)) else None

@@ -1,0 +1,139 @@
+"""The run log: one folder per run, written by the kernel, read by anyone (the server extension,
+other tools) while it is being written.
+
+``<run dir>/<run id>/meta.json`` (:class:`jdist.protocol.RunMeta`, rewritten atomically) and
+``metrics.jsonl`` (one record per line, appended and flushed as records arrive). The run dir is
+``$JDIST_RUN_DIR``, else ``<jupyter data dir>/jdist/runs`` (:func:`default_run_dir`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from .records import Run
+
+
+def default_run_dir() -> Path:
+    """Where run folders go: ``$JDIST_RUN_DIR``, else ``<jupyter data dir>/jdist/runs``."""
+    env = os.environ.get("JDIST_RUN_DIR")
+    if env:
+        return Path(env).expanduser()
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "jdist" / "runs"
+
+
+class RunLog:
+    """One folder per run: ``meta.json`` and ``metrics.jsonl`` (one record per line).
+
+    >>> import tempfile
+    >>> log = RunLog(Run("r1", 1), tempfile.mkdtemp())
+    >>> log.append([{"rank": 0, "seq": 0, "step": 0, "loss": 0.5}]); log.close()
+    >>> read_run(log.path).history["loss"].tolist()
+    [0.5]
+    """
+
+    def __init__(self, run: Run, root: str | os.PathLike | None = None):
+        self.run = run
+        self.path = Path(root) if root is not None else default_run_dir()
+        self.path = self.path / run.run_id
+        self.path.mkdir(parents=True, exist_ok=True)
+        run.path = self.path
+        self._fh = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+        self.write_meta()
+
+    def write_meta(self) -> None:
+        """Rewrite ``meta.json`` atomically from the run's current state."""
+        tmp = self.path / "meta.json.tmp"
+        tmp.write_text(json.dumps(self.run.meta(), indent=1))
+        tmp.replace(self.path / "meta.json")
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        """Append records as JSON lines and flush them to disk."""
+        lines = [json.dumps(r, default=float) + "\n" for r in records]
+        if lines:
+            self._fh.writelines(lines)
+            self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+        self.write_meta()
+
+
+def read_run(path: str | os.PathLike) -> Run:
+    """Load a run folder written by :class:`RunLog` (also while it is still being written)."""
+    return RunReader(path).update()
+
+
+class RunReader:
+    """Follows a run folder while it is written: each :meth:`update` re-reads ``meta.json``
+    if it changed and only the new complete lines of ``metrics.jsonl``.
+
+    >>> import tempfile
+    >>> log = RunLog(Run("r2", 1), tempfile.mkdtemp())
+    >>> reader = RunReader(log.path)
+    >>> log.append([{"rank": 0, "seq": 0, "step": 0, "loss": 0.5}])
+    >>> reader.update().count()
+    1
+    >>> log.append([{"rank": 0, "seq": 1, "step": 1, "loss": 0.4}]); log.close()
+    >>> run = reader.update(); run.count(), run.status
+    (2, 'running')
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.run: Run | None = None
+        self._offset = 0
+        self._meta_stamp: tuple[int, int] | None = None
+
+    def update(self) -> Run:
+        """The run with everything written so far (the same :class:`Run` object each time)."""
+        st = (self.path / "meta.json").stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        if self.run is None or stamp != self._meta_stamp:
+            meta = json.loads((self.path / "meta.json").read_text())
+            self._meta_stamp = stamp
+            fields = dict(
+                backend=meta.get("backend", ""),
+                device_kind=meta.get("device_kind", "cpu"),
+                code=meta.get("code", ""),
+                total_steps=meta.get("total_steps"),
+                started=meta.get("started", 0.0),
+                ended=meta.get("ended"),
+                status=meta.get("status", "unknown"),
+                error=meta.get("error"),
+                cluster_id=meta.get("cluster_id"),
+            )
+            if self.run is None:
+                self.run = Run(run_id=meta["run_id"], world_size=meta["world_size"], path=self.path, **fields)
+            else:
+                for name, value in fields.items():
+                    setattr(self.run, name, value)
+        records, self._offset = read_records(self.path / "metrics.jsonl", self._offset)
+        self.run.add(records)
+        return self.run
+
+
+def read_records(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete JSON lines of a ``metrics.jsonl`` from byte ``offset`` on, and the offset
+    after the last complete line (a line still being written has no newline yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+
+def list_runs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Run folders under ``root`` (default :func:`default_run_dir`), newest first."""
+    root = Path(root) if root is not None else default_run_dir()
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / "meta.json").exists()), reverse=True)

@@ -1,0 +1,115 @@
+"""torch.distributed process-group set-up shared by the torch-based backends."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import Backend, CommTimer, RankContext
+
+
+class TorchBackend(Backend):
+    """A backend over the default torch.distributed process group (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self) -> None:
+        self.ctx: RankContext | None = None
+        self.timer: CommTimer | None = None
+
+    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
+        self.ctx = ctx
+        self.timer = timer
+        init_process_group(ctx)
+
+    def require_ctx(self) -> RankContext:
+        if self.ctx is None:
+            raise RuntimeError(f"The {self.name} backend is not set up on this rank; run %dist restart.")
+        return self.ctx
+
+    def teardown(self) -> None:
+        destroy_process_group()
+        self.ctx = None
+
+
+def init_process_group(ctx: RankContext) -> None:
+    """Initialise the default process group; nothing listens beyond loopback on one host.
+
+    One host: a ``FileStore`` in the cluster's private folder (a new file per
+    generation, so a re-created group never sees the old one's keys) and gloo pairs on
+    the loopback interface. ``ctx.port`` (``--port``): a ``TCPStore`` on that port of
+    rank 0's host. Several hosts: a ``TCPStore`` on a free port of rank 0's host,
+    broadcast over MPI. gloo on CPU ranks, NCCL on CUDA ranks. The sockets the group
+    opens are noted by the rank's guard (:meth:`jdist.rank.guard.Guard.break_group`).
+    """
+    import torch.distributed as dist
+
+    from ..guard import socket_fds
+
+    if dist.is_initialized():
+        return
+    if ctx.single_host:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    before = socket_fds()
+    store: Any
+    if ctx.port is None and ctx.single_host and ctx.work_dir:
+        path = os.path.join(ctx.work_dir, f"store-{ctx.generation}")
+        store = dist.FileStore(path, ctx.world_size)
+    else:
+        store = _tcp_store(ctx)
+    kind = "nccl" if ctx.device_kind == "cuda" else "gloo"
+    kwargs = {"device_id": ctx.device} if kind == "nccl" else {}
+    dist.init_process_group(kind, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=ctx.timeout, **kwargs)
+    ctx._store = store  # type: ignore[attr-defined]  # keep it alive as long as the group
+    if ctx.guard is not None:
+        ctx.guard.note_group_sockets(before)
+
+
+def _tcp_store(ctx: RankContext) -> Any:
+    import torch.distributed as dist
+
+    store = None
+    port = ctx.port or 0
+    error = None
+    if ctx.rank == 0:
+        try:
+            store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, True, timeout=ctx.timeout,
+                                  wait_for_workers=False)
+            port = store.port
+        except RuntimeError as exc:
+            error = f"rank 0 could not listen on {ctx.hostname}:{port} for the process group ({exc})"
+    port, error = ctx.comm.bcast((port, error), root=0)
+    if error:
+        raise RuntimeError(f"{error}. Choose another --port, or leave --port out.")
+    if store is None:
+        store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, False, timeout=ctx.timeout)
+    return store
+
+
+def recreate_process_group(ctx: RankContext) -> Any:
+    """Destroy the (broken) default group and make a new one on every rank; returns it.
+
+    Collective over MPI, not over the old group, so it works when that group is broken.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a broken group may complain while shutting down; it is gone either way
+            pass
+    old = ctx.generation
+    ctx.generation += 1
+    ctx.comm.Barrier()  # every rank has let go of the old group before the new one forms
+    if ctx.rank == 0 and ctx.work_dir:
+        try:
+            os.unlink(os.path.join(ctx.work_dir, f"store-{old}"))
+        except FileNotFoundError:
+            pass
+    init_process_group(ctx)
+    return dist.distributed_c10d._get_default_group()
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,226 @@
+"""The backend interface.
+
+A backend turns a set of MPI-launched ranks into a training setup: it creates the
+communication group on every rank (:meth:`Backend.setup`), wraps what the user passes to
+``jdist.prepare`` (:meth:`Backend.prepare_model`, :meth:`Backend.prepare_optimizer`), runs
+backward and optimizer steps (:meth:`Backend.backward`, :meth:`Backend.optimizer_step`),
+saves and loads model and optimizer state (:meth:`Backend.save_state`,
+:meth:`Backend.load_state`), re-attaches models to a re-created process group
+(:meth:`Backend.reattach`) and releases everything (:meth:`Backend.teardown`).
+
+Backends run on the ranks only. The kernel knows a backend by its
+:class:`jdist.plugins.BackendSpec` (entry point group ``jdist.backends``), which names the
+class here that the ranks import. The defaults fit a backend that replicates state and
+averages gradients in the model wrapper (DDP); ``fsdp.py`` and ``horovod.py`` show the
+overrides for sharded state and optimizer-side reduction. A backend whose engine owns
+backward, accumulation, loss scaling and checkpoints (DeepSpeed) sets
+:attr:`Backend.owns_accumulation` and overrides the hooks: jdist then calls
+:meth:`~Backend.backward` and :meth:`~Backend.optimizer_step` on every micro-step, without
+dividing the loss or skipping steps itself.
+
+Example (on a rank):
+    >>> from jdist.plugins import backend_spec          # doctest: +SKIP
+    >>> backend = backend_spec("ddp").load()()           # doctest: +SKIP
+    >>> backend.setup(ctx, timer); model = backend.prepare_model(model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RankContext:
+    """Everything a backend needs to know about the rank it runs on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    hostname: str
+    device: Any  # torch.device
+    master_addr: str
+    timeout_s: float
+    comm: Any = None  # mpi4py.MPI.Comm over all ranks
+    work_dir: str | None = None  # private folder of the cluster (0700): process-group store, stacks
+    port: int | None = None  # fixed TCP rendezvous port (--port); None: a file store in work_dir
+    generation: int = 0  # how many times the process group was re-created
+    #: The rank's guard (:class:`jdist.rank.guard.Guard`): a backend that opens a process group
+    #: registers its sockets there (``guard.note_group_sockets``) so a blocked collective can be released.
+    guard: Any = None
+
+    @property
+    def single_host(self) -> bool:
+        return self.master_addr == "127.0.0.1"
+
+    @property
+    def device_kind(self) -> str:
+        return self.device.type
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+
+class CommTimer:
+    """Collects communication intervals and turns them into time per step.
+
+    CPU: wall-clock intervals (``time.perf_counter``), merged so overlapping
+    buckets are not counted twice. CUDA: pairs of timing events, summed once
+    they completed (read lazily, so the hot path never synchronises).
+
+    >>> t = CommTimer(); t.record(1.0, 1.5); t.record(1.25, 2.0)
+    >>> t.take()
+    1.0
+    """
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float]] = []
+        self._events: list[tuple[Any, Any]] = []
+
+    def record(self, start: float, end: float) -> None:
+        """One wall-clock interval (seconds, perf_counter). Called from comm-hook threads too:
+        ``list.append`` is atomic, and :meth:`take` swaps the list before reading it."""
+        self._intervals.append((start, end))
+
+    def record_cuda(self, start_event: Any, end_event: Any) -> None:
+        """One pair of ``torch.cuda.Event(enable_timing=True)`` around a collective."""
+        self._events.append((start_event, end_event))
+
+    def take(self) -> float:
+        """Seconds of communication recorded since the last call, then reset."""
+        intervals, self._intervals = self._intervals, []
+        events, self._events = self._events, []
+        total = 0.0
+        end_so_far = float("-inf")
+        for start, end in sorted(intervals):
+            start = max(start, end_so_far)
+            if end > start:
+                total += end - start
+                end_so_far = end
+        for start_ev, end_ev in events:
+            end_ev.synchronize()
+            total += start_ev.elapsed_time(end_ev) / 1e3
+        return total
+
+
+class Backend(ABC):
+    """One distributed training backend (see the module doc for the hooks and their defaults)."""
+
+    name: str = ""
+    #: ``"file"``: a checkpoint is one file (the default :meth:`save_state`: rank 0 writes the
+    #: replicated state); ``"dir"``: a folder (FSDP: every rank writes its shards).
+    checkpoint_layout: str = "file"
+    #: Options of ``jdist.prepare`` meant for the optimizer wrapper (the rest go to the model's).
+    optimizer_options: tuple[str, ...] = ()
+    #: Gradients are averaged by the prepared optimizer (Horovod), not by the model wrapper.
+    averages_in_optimizer: bool = False
+    #: The backend's engine divides the loss by the accumulation count and skips the optimizer
+    #: step on micro-steps itself: jdist calls backward and step on every micro-step as they are.
+    owns_accumulation: bool = False
+    #: Set by :meth:`setup`.
+    ctx: RankContext | None = None
+
+    @abstractmethod
+    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
+        """Create the communication group on this rank.
+
+        The backend reports every communication it times (gradient all-reduce...)
+        to ``timer``; the rank runtime reads it once per logged step.
+        """
+
+    @abstractmethod
+    def prepare_model(self, model: Any, **options: Any) -> Any:
+        """Move ``model`` to the rank's device and wrap it for this backend."""
+
+    def prepare_optimizer(self, optimizer: Any, model: Any = None, **options: Any) -> Any:
+        """Wrap the optimizer if the backend needs it (default: unchanged).
+
+        ``model`` is the prepared model the optimizer trains (None if none was given). A
+        backend that needs model and optimizer together (an engine) builds it here.
+        """
+        return optimizer
+
+    def set_gradient_sync(self, model: Any, sync: bool) -> None:
+        """Whether the next backward pass of ``model`` synchronises gradients (accumulation)."""
+
+    def unwrap(self, model: Any) -> Any:
+        """The user's module inside the backend's wrapper (what a checkpoint stores)."""
+        return model
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` (already divided for accumulation and scaled under fp16)."""
+        loss.backward(**kwargs)
+
+    def optimizer_step(self, optimizer: Any, closure: Any = None) -> Any:
+        """One optimizer step, inside :meth:`step_context`."""
+        return optimizer.step(closure) if closure is not None else optimizer.step()
+
+    def synchronize(self, optimizer: Any) -> None:
+        """Finish the gradient reduction now (before clipping or unscaling); default: nothing to do."""
+
+    def step_context(self, optimizer: Any) -> Any:
+        """Context for ``optimizer.step()`` after :meth:`synchronize` (default: none)."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, model: Any, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip the global gradient norm across ranks; returns the norm before clipping."""
+        import torch
+
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type))
+
+    def grad_scaler(self) -> Any:
+        """A GradScaler for fp16 training on this backend."""
+        import torch
+
+        assert self.ctx is not None
+        return torch.amp.GradScaler(self.ctx.device.type)
+
+    def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
+        """Write a checkpoint at ``path`` (a temporary name; jdist renames it when every rank is done).
+
+        ``meta``: what jdist stores besides model and optimizer (step, RNG states, scheduler,
+        loader...). Collective: called on every rank. Default (replicated state): rank 0 writes
+        one ``torch.save`` file with ``meta`` and the unwrapped model's and the optimizer's state dicts.
+        """
+        import torch
+
+        assert self.ctx is not None
+        if self.ctx.rank != 0:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({**meta,
+                    "model": self.unwrap(model).state_dict() if model is not None else None,
+                    "optimizer": optimizer.state_dict() if optimizer is not None else None}, path)
+
+    def load_state(self, path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
+        """Load what :meth:`save_state` wrote into ``model`` and ``optimizer`` (either may be None);
+        return the ``meta`` it was given. Collective: called on every rank."""
+        import torch
+
+        assert self.ctx is not None
+        meta = torch.load(path, map_location=self.ctx.device, weights_only=False)
+        if model is not None:
+            if meta.get("model") is None:
+                raise ValueError(f"{path} holds no model state; load it without model=.")
+            self.unwrap(model).load_state_dict(meta["model"])
+        if optimizer is not None:
+            if meta.get("optimizer") is None:
+                raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
+            optimizer.load_state_dict(meta["optimizer"])
+        return meta
+
+    def reattach(self, model: Any, group: Any) -> bool | None:
+        """After the process group was re-created (a release broke it): point ``model`` at
+        ``group``. True: re-attached; False: it holds the old group and must be prepared
+        again; None: nothing to do (default: the model does not hold a group)."""
+        return None
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Release the communication group; safe to call twice."""

@@ -1,0 +1,144 @@
+"""Horovod on the same MPI-launched ranks: ``hvd.init(comm=MPI.COMM_WORLD)``.
+
+The model is not wrapped (Horovod averages gradients in the optimizer): it is moved to
+the rank's device and rank 0's parameters are broadcast. The optimizer becomes a
+``hvd.DistributedOptimizer`` (its state broadcast from rank 0 too), with optional fp16
+gradient compression (``jdist.prepare(..., compression="fp16")``) and accumulation
+(``grad_accum=K`` becomes ``backward_passes_per_step=K``).
+
+Communication time: each gradient all-reduce counts from the moment Horovod's hook
+submits it until the training loop sees it finished (at ``synchronize()``, i.e. in
+``optimizer.step()``): already finished all-reduces end when synchronize starts, the others
+when it returns. Overlapping intervals count once, as for DDP.
+
+Horovod is an optional extra (its last release builds only with extra flags); install
+it with ``make horovod`` (``tools/build_horovod.sh``). The kernel checks that it is installed
+before any rank starts (``jdist.plugins.HOROVOD``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jdist.plugins import HOROVOD_INSTALL_HINT
+
+from . import _torch
+from .base import CommTimer, RankContext
+
+#: Option names accepted by ``jdist.prepare(...)`` for the optimizer under ``--backend horovod``.
+OPTIMIZER_OPTIONS = ("compression", "op", "gradient_predivide_factor")
+
+
+class HorovodBackend(_torch.TorchBackend):
+    """``--backend horovod``: Horovod's DistributedOptimizer over the MPI world of the engines."""
+
+    name = "horovod"
+    optimizer_options = OPTIMIZER_OPTIONS
+    averages_in_optimizer = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hvd: Any = None
+
+    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
+        try:
+            import horovod.torch as hvd
+        except ImportError as exc:
+            raise RuntimeError(f"{HOROVOD_INSTALL_HINT} (import failed: {exc})") from None
+        hvd.init(comm=ctx.comm)
+        if hvd.size() != ctx.world_size or hvd.rank() != ctx.rank:
+            raise RuntimeError(
+                f"Horovod sees rank {hvd.rank()} of {hvd.size()} but MPI says {ctx.rank} of {ctx.world_size}; "
+                "Horovod must be built with MPI support (tools/build_horovod.sh sets HOROVOD_WITH_MPI=1)."
+            )
+        self.hvd = hvd
+        # a torch.distributed group as well, so cell code written for ddp (dist.all_reduce of
+        # metrics, DistributedSampler) runs unchanged
+        super().setup(ctx, timer)
+
+    def prepare_model(self, model: Any, **options: Any) -> Any:
+        ctx = self.require_ctx()
+        if options:
+            raise TypeError(
+                f"jdist.prepare: --backend horovod does not wrap models, so model options "
+                f"{', '.join(sorted(options))} do not apply; optimizer options: {', '.join(OPTIMIZER_OPTIONS)}."
+            )
+        model = model.to(ctx.device)
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model
+
+    def prepare_optimizer(self, optimizer: Any, model: Any = None, **options: Any) -> Any:
+        hvd = self.hvd
+        if hvd is None:
+            raise RuntimeError("The horovod backend is not set up on this rank; run %dist restart.")
+        if getattr(optimizer, "_jdist_horovod", False):
+            return optimizer
+        grad_accum = int(options.pop("grad_accum", 1))
+        compression = options.pop("compression", None)
+        unknown = set(options) - set(OPTIMIZER_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"jdist.prepare: unknown option(s) for --backend horovod: {', '.join(sorted(unknown))}. "
+                f"Known: compression='fp16', grad_accum=K, {', '.join(OPTIMIZER_OPTIONS[1:])}."
+            )
+        if compression in (None, "none"):
+            comp = hvd.Compression.none
+        elif compression == "fp16":
+            comp = hvd.Compression.fp16
+        else:
+            raise ValueError(f"compression={compression!r}: use compression='fp16' or leave it out.")
+        named = list(model.named_parameters()) if model is not None else None
+        dist_opt = hvd.DistributedOptimizer(
+            optimizer, named_parameters=named, compression=comp, backward_passes_per_step=grad_accum, **options
+        )
+        _time_allreduces(dist_opt, self.timer)
+        hvd.broadcast_optimizer_state(dist_opt, root_rank=0)
+        dist_opt._jdist_horovod = True
+        return dist_opt
+
+    def synchronize(self, optimizer: Any) -> None:
+        if not getattr(optimizer, "_jdist_synced", False):
+            optimizer.synchronize()
+            optimizer._jdist_synced = True
+
+    def step_context(self, optimizer: Any) -> Any:
+        import contextlib
+
+        if getattr(optimizer, "_jdist_synced", False):
+            optimizer._jdist_synced = False
+            return optimizer.skip_synchronize()
+        return contextlib.nullcontext()
+
+    def teardown(self) -> None:
+        if self.hvd is not None and self.hvd.is_initialized():
+            self.hvd.shutdown()
+        super().teardown()
+
+
+def _time_allreduces(optimizer: Any, timer: CommTimer | None) -> None:
+    """Record every gradient all-reduce of a DistributedOptimizer into ``timer`` (see module doc)."""
+    if timer is None:
+        return
+    from horovod.torch.mpi_ops import poll
+
+    pending: list[tuple[Any, float]] = []
+    submit = optimizer._allreduce_grad_async
+    sync = optimizer.synchronize
+
+    def allreduce_grad_async(p: Any) -> Any:
+        out = submit(p)
+        pending.append((out[0], time.perf_counter()))
+        return out
+
+    def synchronize() -> None:
+        entered = time.perf_counter()
+        finished = {id(h) for h, _ in pending if h is not None and not callable(h) and poll(h)}
+        sync()
+        done = time.perf_counter()
+        for handle, start in pending:
+            timer.record(start, entered if id(handle) in finished else done)
+        pending.clear()
+
+    optimizer._allreduce_grad_async = allreduce_grad_async
+    optimizer.synchronize = synchronize

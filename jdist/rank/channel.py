@@ -1,0 +1,50 @@
+"""Where a rank's messages to the kernel go.
+
+On an ipyparallel engine the channel is the engine's ``data_pub``: each message travels as a
+signed IOPub message of the running cell (no socket of jdist's own). :class:`ListChannel`
+keeps them in a list (tests, or a script run without a kernel); :class:`NullChannel` drops them.
+
+Example:
+    >>> ch = ListChannel()
+    >>> ch.publish({"v": 2, "kind": "progress", "cell": 1, "total_steps": 10})
+    >>> ch.messages[0]["kind"]
+    'progress'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from jdist.protocol import DATA_KEY, DataMessage
+
+
+class KernelChannel(Protocol):
+    def publish(self, message: DataMessage) -> None:
+        """Send ``message`` to the kernel (best effort; the kernel repairs lost records)."""
+
+
+class DataPubChannel:
+    """The IPython engine's ``data_pub`` (ipyparallel's ``ZMQDataPublisher``)."""
+
+    def __init__(self, data_pub: Any):
+        self.data_pub = data_pub
+
+    def publish(self, message: DataMessage) -> None:
+        self.data_pub.publish_data({DATA_KEY: message})
+
+
+class ListChannel:
+    """Keeps every message in :attr:`messages`."""
+
+    def __init__(self) -> None:
+        self.messages: list[DataMessage] = []
+
+    def publish(self, message: DataMessage) -> None:
+        self.messages.append(message)
+
+
+class NullChannel:
+    """Drops every message (a rank without a kernel to talk to)."""
+
+    def publish(self, message: DataMessage) -> None:
+        pass

@@ -1,0 +1,198 @@
+"""Rank-side fault handling: where each rank is, and releasing ranks blocked in a collective.
+
+Each rank's session owns a :class:`Guard`, installed at set-up:
+
+* **Stacks.** ``faulthandler`` dumps every thread's Python stack to the rank's stack file
+  on ``SIGUSR1``. It runs in the C signal handler, so it works while the rank is blocked
+  inside a C++ collective; the kernel reads the file (``%dist stacks``, the hang watchdog).
+* **Release.** A blocked gloo collective ignores SIGINT: Python only runs the handler once
+  the C++ call returns. The guard therefore watches signals through the interpreter's
+  wakeup fd, which the C handler writes at once, from a thread of its own. When SIGINT
+  arrives while the main thread waits in a ``torch.distributed`` collective, the thread
+  shuts down this rank's process-group connections (gloo pairs; NCCL: ``abort``). The
+  collective then raises on this rank and on its peers ("connection closed by peer"),
+  the cell ends, and the kernel re-creates the process group on all ranks
+  (:func:`jdist.rank.rpc.repair_group`): variables stay, DDP models are re-attached.
+
+Nothing here listens on a socket or reads from one: the kernel reaches the guard only
+through signals (sent by the launcher, or ipyparallel's signed control channel).
+
+Example (on a rank):
+    >>> jdist.rank.session().guard.where()        # doctest: +SKIP
+    'all_reduce (cell line 3)'
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from jdist.stacks import COLLECTIVE_PATHS, Frame, describe
+
+#: Signal that makes a rank dump its stacks (faulthandler, safe while blocked in C++).
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+class Guard:
+    """Stack dumps and the release of a blocked collective for this rank (see the module doc)."""
+
+    def __init__(self, backward_waits: bool = False, collective_paths: tuple[str, ...] = COLLECTIVE_PATHS):
+        self.backward_waits = backward_waits
+        self.collective_paths = collective_paths
+        self.stacks_file: IO[str] | None = None
+        self.group_fds: set[int] = set()  # connected sockets of the process group
+        self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
+        self.broken: str | None = None  # why this rank broke the group's connections (None: intact)
+        self.released_from: str | None = None  # where the main thread waited when it was released
+
+    def install(self, rank: int, stacks_dir: str | None) -> None:
+        """Set up stack dumps and the release thread (main thread; the thread once per process)."""
+        if stacks_dir:
+            path = Path(stacks_dir) / f"rank-{rank}.txt"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if self.stacks_file is not None:
+                faulthandler.unregister(STACKS_SIGNAL)
+                self.stacks_file.close()
+            self.stacks_file = os.fdopen(fd, "a")
+            faulthandler.register(STACKS_SIGNAL, file=self.stacks_file, all_threads=True, chain=False)
+        _watch_signals()
+
+    def note_group_sockets(self, before: set[int]) -> None:
+        """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it)."""
+        self.group_fds, self.group_ports = set(), set()
+        for fd in socket_fds() - before:
+            with _borrow(fd) as sock:
+                if sock is None:
+                    continue
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    self.group_ports.add(sock.getsockname()[1])
+                else:
+                    self.group_fds.add(fd)
+        self.broken = self.released_from = None
+
+    def where(self) -> str | None:
+        """What the main thread waits on, if it waits in a collective (else None)."""
+        return describe(_frames(_main_frame()), self.backward_waits, self.collective_paths)
+
+    def release(self, reason: str) -> str | None:
+        """Break the process group's connections if the main thread waits in a collective.
+
+        Returns where it waited (None: it did not wait, nothing was done).
+        """
+        waiting = self.where()
+        if waiting is None:
+            return None
+        self.released_from = waiting
+        self.break_group(f"{reason} while waiting in {waiting}")
+        return waiting
+
+    def break_group(self, why: str) -> None:
+        """Make every pending and future collective of the default group fail on all ranks."""
+        import torch.distributed as dist
+
+        self.broken = why
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()  # NCCL: abort its communicators
+            return
+        for fd in socket_fds():
+            with _borrow(fd) as sock:
+                if sock is None or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue  # never the listener: gloo's accept thread would abort the process
+                try:
+                    mine = fd in self.group_fds or sock.getsockname()[1] in self.group_ports
+                except OSError:
+                    continue
+                if mine:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def state(self) -> dict[str, str | None]:
+        """``broken`` (why this rank broke the group, or None) and ``released_from``."""
+        return {"broken": self.broken, "released_from": self.released_from}
+
+
+_signal_thread: threading.Thread | None = None
+
+
+def _watch_signals() -> None:
+    """Start the process's one thread on the interpreter's wakeup fd (signals are per process);
+    a SIGINT goes to the guard of the rank's current session."""
+    from .session import current
+
+    global _signal_thread
+    if _signal_thread is not None:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            data = os.read(read_fd, 64)
+            if previous != -1:  # someone used the wakeup fd before us: pass the bytes on
+                try:
+                    os.write(previous, data)
+                except OSError:
+                    pass
+            s = current()
+            if signal.SIGINT in data and s is not None and s.guard is not None:
+                s.guard.release("interrupted")
+
+    _signal_thread = threading.Thread(target=watch, name="jdist-guard", daemon=True)
+    _signal_thread.start()
+
+
+def socket_fds() -> set[int]:
+    """File descriptors of this process that are sockets."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.add(int(name))
+        except OSError:
+            continue
+    return fds
+
+
+class _borrow:
+    """A socket object over a duplicate of ``fd`` (None if it is not an inet stream socket)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.sock: socket.socket | None = None
+
+    def __enter__(self) -> socket.socket | None:
+        try:
+            sock = socket.socket(fileno=os.dup(self.fd))
+        except OSError:
+            return None
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            sock.close()
+            return None
+        self.sock = sock
+        return sock
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.sock is not None:
+            self.sock.close()  # closes the duplicate only
+
+
+def _main_frame() -> FrameType | None:
+    return sys._current_frames().get(threading.main_thread().ident or -1)
+
+
+def _frames(frame: FrameType | None) -> list[Frame]:
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return out

@@ -1,0 +1,229 @@
+"""Every function the kernel runs on the ranks, in one place.
+
+The kernel names them with :class:`jdist.protocol.RankCall` (``RankCall("records")``), so
+it never imports this module; ipyparallel runs them on the engines (``view.apply``).
+:func:`setup` builds the rank's session; the others work on it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from jdist.protocol import Owner, RankInfo, Record, SetupConfig
+
+from .session import RankSession, activate, current, describe_rank, session
+
+
+def setup(config: SetupConfig) -> RankInfo:
+    """Initialise this engine as one rank (called by the kernel on every engine at once).
+
+    Reads rank and world size from MPI, pins the device, sets the torch threads of CPU ranks,
+    installs the guard, sets up the backend, and puts ``rank``, ``world_size``, ``local_rank``,
+    ``device`` and ``jdist`` into the cell namespace. Returns this rank's :class:`RankInfo`.
+    """
+    from mpi4py import MPI
+
+    import torch
+
+    from jdist.plugins import backend_spec
+
+    from . import training
+    from .backends.base import RankContext
+    from .channel import DataPubChannel, NullChannel
+    from .guard import Guard
+
+    comm = MPI.COMM_WORLD
+    rank, world_size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    local_rank, local_world_size = local.Get_rank(), local.Get_size()
+    hostname = socket.gethostname()
+    hosts = comm.allgather(hostname)
+    master_addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(hosts[0])
+
+    if config.get("gpus"):
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:
+            raise RuntimeError(
+                f"rank {rank} on {hostname} is local rank {local_rank} but only {visible} CUDA device(s) "
+                f"are visible there; ask for fewer --gpus, or use -n {world_size} for CPU ranks."
+            )
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(config.get("threads") or max(1, (os.cpu_count() or 1) // local_world_size))
+
+    spec = backend_spec(config["backend"])
+    guard = Guard(spec.backward_waits, spec.collective_paths)
+    ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
+                      hostname=hostname, device=device, master_addr=master_addr,
+                      timeout_s=float(config.get("timeout", 60)), comm=comm, work_dir=config.get("work_dir"),
+                      port=config.get("port"), guard=guard)
+    guard.install(rank, config.get("work_dir"))
+    backend = spec.load()()
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    data_pub = getattr(shell, "data_pub", None) if shell is not None else None
+    s = RankSession(ctx=ctx, backend=backend, spec=spec,
+                    channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
+    backend.setup(ctx, s.timer)
+    training.set_precision(s.train, config.get("precision") or "fp32")
+    activate(s)
+
+    import jdist
+
+    if shell is not None:
+        shell.user_ns.update(rank=rank, world_size=world_size, local_rank=local_rank, device=device, jdist=jdist)
+        for event, fn in (("pre_run_cell", _pre_cell), ("post_run_cell", _post_cell)):
+            if fn not in shell.events.callbacks[event]:
+                shell.events.register(event, fn)
+    if config.get("owner"):
+        _watch_owner(config["owner"], rank == 0)
+    return describe_rank(s)
+
+
+def _pre_cell(info: Any = None) -> None:
+    s = current()
+    if s is not None:
+        s.begin_cell()
+
+
+def _post_cell(result: Any = None) -> None:
+    s = current()
+    if s is not None:
+        s.end_cell()
+
+
+def _watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> None:
+    """End this rank if the kernel that started the cluster is gone (killed, crashed).
+
+    A kernel that exits normally stops its cluster; one that is SIGKILLed cannot. Then
+    rank 0 also ends the controller, identified by PID and start time (never by name),
+    and every rank exits, which ends the MPI job: nothing is left behind.
+    """
+    import psutil
+
+    from jdist.procs import alive, pid_alive
+
+    if owner["host"] != socket.gethostname():
+        return  # the kernel runs on another machine: its PID means nothing here
+    pid, created = owner["controller"]
+    controller = {"pid": int(pid), "create_time": created}
+
+    def watch() -> None:
+        while pid_alive(owner["pid"]):
+            time.sleep(interval)
+        if stop_controller and alive(controller):
+            psutil.Process(int(pid)).terminate()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="jdist-owner-watch", daemon=True).start()
+
+
+def teardown(finalize_within: float = 2.0) -> None:
+    """Release the backend on this rank and finalize MPI (called by the kernel on every rank at once
+    before it stops the cluster).
+
+    MPI is finalized only if every rank gets here within ``finalize_within`` seconds (a rank still
+    busy would leave the others blocked in ``MPI_Finalize``). A finalized job ends at once when its
+    ranks exit; without it mpiexec waits for them about 2 s more (``MPI4PY_RC_FINALIZE=false``
+    keeps a rank whose peers died from waiting in ``MPI_Finalize`` at exit).
+    """
+    s = current()
+    if s is not None:
+        s.log_hooks.clear()
+        if s.backend is not None:
+            s.backend.teardown()
+        s.backend = None
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        return
+    everyone = MPI.COMM_WORLD.Ibarrier()
+    deadline = time.monotonic() + finalize_within
+    while not everyone.Test():
+        if time.monotonic() > deadline:
+            return  # not every rank is here: leave MPI as it is
+        time.sleep(0.002)
+    MPI.Finalize()
+
+
+def info() -> RankInfo:
+    """This rank's :class:`RankInfo`."""
+    return describe_rank(session())
+
+
+def cell_count() -> tuple[int, int]:
+    """(current cell id, records logged in it) on this rank."""
+    stream = session().stream
+    return stream.cell, stream.seq
+
+
+def records(cell: int, seqs: list[int]) -> list[Record]:
+    """Records of the current cell with the given sequence numbers, as far as still kept: the
+    kernel's repair of the stream."""
+    return session().stream.records(cell, seqs)
+
+
+def guard_state() -> dict[str, str | None]:
+    """Whether this rank broke the process group (a release) and where it was waiting."""
+    guard = session().guard
+    return guard.state() if guard is not None else {"broken": None, "released_from": None}
+
+
+def repair_group() -> dict[str, Any]:
+    """Re-create the process group after a release broke it (all ranks at once, over MPI).
+
+    Variables stay. The backend re-attaches models to the new group where it can (DDP);
+    models that hold the old group (FSDP's device mesh) are reported by name: prepare them again.
+    Returns ``{"released_from", "reattached", "stale"}`` for the kernel's message.
+    """
+    from .backends import _torch
+    from .namespace import names_of_objects
+
+    s = session()
+    released = s.guard.state()["released_from"] if s.guard is not None else None
+    group = _torch.recreate_process_group(s.ctx)
+    reattached, stale = [], []
+    names = names_of_objects()
+    for model in list(s.train.models):
+        label = names.get(id(model), type(model).__name__)
+        done = s.backend.reattach(model, group) if s.backend is not None else None
+        if done is True:
+            reattached.append(label)
+        elif done is False:
+            stale.append(label)
+    return {"released_from": released, "reattached": sorted(reattached), "stale": sorted(stale)}
+
+
+def set_precision(precision: str) -> None:
+    """``--precision`` on a running cluster: prepared models use it from their next forward."""
+    from . import training
+
+    training.set_precision(session().train, precision)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads`` on a running cluster: torch's intra-op threads of this rank."""
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
+def get_global(name: str) -> Any:
+    """The value of ``name`` in this rank's cell namespace (``%dist pull``)."""
+    from .namespace import get
+
+    return get(name)
+
+
+def restore_latest(directory: str, names: dict[str, str | None], every: int, keep: int | None) -> dict[str, Any]:
+    """Load the newest automatic checkpoint into the same variables (``%dist restart``)."""
+    from .checkpoint import restore_latest as restore
+
+    return restore(directory, names, every, keep)

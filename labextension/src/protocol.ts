@@ -1,0 +1,164 @@
+/**
+ * The jdist server extension's REST models. GENERATED from jdist/protocol.py by
+ * tools/gen_protocol_ts.py: do not edit (tests/test_protocol.py checks it is current).
+ */
+
+export type RankState = 'idle' | 'busy' | 'dead' | 'unknown';
+
+export type ClusterStatus = 'running' | 'degraded' | 'dead';
+
+export type Series = [number[], (number | null)[]];
+
+export type Panel = ILinePanel | IBarPanel;
+
+export interface IRank {
+  rank: number;
+  host: string;
+  pid: number;
+  device: string;
+  local_rank: number | null;
+  engine_id: number | null;
+  state: RankState;
+}
+
+export interface IOption {
+  name: string;
+  flag: string;
+  value: string;
+  scope: string;
+  help: string;
+}
+
+export interface ICluster {
+  cluster_id: string;
+  kernel_id: string | null;
+  kernel_pid: number | null;
+  kernel_state: string | null;
+  managed: boolean;
+  notebook: string | null;
+  name: string;
+  launcher: string;
+  backend: string;
+  n: number;
+  gpus: boolean;
+  timeout: number;
+  hosts: string[];
+  devices: string[];
+  ranks: IRank[];
+  options: IOption[];
+  status: ClusterStatus;
+  problem: string | null;
+  started_at: number | null;
+  uptime_s: number | null;
+  current_run: string | null;
+}
+
+export interface IClustersReply {
+  clusters: ICluster[];
+}
+
+export interface ISparks {
+  loss: Series;
+  step_time: Series;
+}
+
+export interface IRunHead {
+  run_id: string;
+  status: string;
+  world_size: number;
+  backend: string;
+  device_kind: string;
+  started: number;
+  ended: number | null;
+  records: number;
+  total_steps: number | null;
+  cluster_id: string | null;
+  error: string | null;
+  notebook: string | null;
+  steps_done: number;
+}
+
+export interface IRunSummary {
+  run_id: string;
+  status: string;
+  world_size: number;
+  backend: string;
+  device_kind: string;
+  started: number;
+  ended: number | null;
+  records: number;
+  total_steps: number | null;
+  cluster_id: string | null;
+  error: string | null;
+  notebook: string | null;
+  steps_done: number;
+  loss_name: string | null;
+  last_loss: number | null;
+  last_step_time_s: number | null;
+  spark: ISparks;
+}
+
+export interface IRunsReply {
+  runs: IRunSummary[];
+}
+
+export interface ILineSeries {
+  name: string;
+  color: string;
+  x: number[];
+  y: (number | null)[];
+  low: (number | null)[] | null;
+  high: (number | null)[] | null;
+}
+
+export interface ILinePanel {
+  key: string;
+  kind: 'line';
+  title: string;
+  x_title: string;
+  series: ILineSeries[];
+}
+
+export interface IBarSeries {
+  name: string;
+  color: string;
+  values: (number | null)[];
+  labels: boolean;
+}
+
+export interface IBarPanel {
+  key: string;
+  kind: 'bars';
+  title: string;
+  unit: string;
+  stacked: boolean;
+  categories: string[];
+  series: IBarSeries[];
+}
+
+export interface IRunDetail {
+  run_id: string;
+  status: string;
+  world_size: number;
+  backend: string;
+  device_kind: string;
+  started: number;
+  ended: number | null;
+  records: number;
+  total_steps: number | null;
+  cluster_id: string | null;
+  error: string | null;
+  notebook: string | null;
+  steps_done: number;
+  code: string;
+  path: string;
+  eta_s: number | null;
+  summary: string;
+  panels: Panel[];
+}
+
+export interface IActionResult {
+  ok: boolean;
+  via: string | null;
+  message: string;
+}
