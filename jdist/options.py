@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, Mapping
@@ -158,9 +159,10 @@ class ClusterConfig:
         return f"{'--gpus' if self.gpus else '-n'} {self.n}"
 
 
-def cluster_options() -> list[Option]:
+@functools.cache
+def cluster_options() -> tuple[Option, ...]:
     """The cluster options, in :class:`ClusterConfig` field order."""
-    return [dataclasses.replace(f.metadata["option"], name=f.name) for f in dataclasses.fields(ClusterConfig)]
+    return tuple(dataclasses.replace(f.metadata["option"], name=f.name) for f in dataclasses.fields(ClusterConfig))
 
 
 CELL_OPTIONS: tuple[Option, ...] = (
