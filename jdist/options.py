@@ -65,7 +65,8 @@ class Option:
     type: Any = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
-    switch: bool = False  # a flag without a value
+    switch: bool = False  # a flag without a value (this cell)
+    toggle: bool = False  # "--flag" turns it on, "--flag off" turns it off
     applied_by: Literal["kernel", "ranks"] = "kernel"
 
     @property
@@ -78,6 +79,8 @@ class Option:
                                   "help": f"{self.help} {self.scope.note}"}
         if self.switch:
             kwargs["action"] = "store_true"
+        elif self.toggle:
+            kwargs.update(nargs="?", const=True, type=on_off, metavar="on|off")
         else:
             kwargs["type"] = self.type
             if self.choices:
@@ -85,6 +88,22 @@ class Option:
             if self.metavar:
                 kwargs["metavar"] = self.metavar
         return self.flags, kwargs
+
+
+def on_off(text: str) -> bool:
+    """``on``/``off`` (also yes/no, true/false, 1/0) as a bool; argparse shows the error.
+
+    >>> on_off("off"), on_off("ON")
+    (False, True)
+    """
+    value = {"on": True, "yes": True, "true": True, "1": True, "off": False, "no": False, "false": False,
+             "0": False}.get(text.strip().lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
+on_off.__name__ = "on or off"  # argparse's message: "invalid on or off value: 'x'"
 
 
 def _option(default: Any, flags: tuple[str, ...], help: str, scope: Scope, **kw: Any) -> Any:
@@ -117,8 +136,8 @@ class ClusterConfig:
                               "a collective, after which the cell is reported as hung with each rank's stack and the "
                               "ranks are released (default 30; 0: off).", Scope.LIVE, type=float, metavar="S")
     auto_restart: bool = _option(False, ("--auto-restart",), "If the rank processes die, restart them at once, "
-                                 "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint.",
-                                 Scope.LIVE, switch=True)
+                                 "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint "
+                                 "(--auto-restart off: no more).", Scope.LIVE, toggle=True)
     start_timeout: float = _option(120.0, ("--start-timeout",), "Seconds to wait for ranks to start (default 120).",
                                    Scope.LIVE, type=float, metavar="S")
 

@@ -83,8 +83,9 @@ def test_status_lists_ranks_idle(cluster):
 
 
 def test_status_shows_a_running_rank_busy(cluster):
-    ar = cluster.execute("import time; time.sleep(600)", ranks=[1])
+    ar = cluster.execute("import time; print('running', flush=True); time.sleep(600)", ranks=[1])
     wait_for(lambda: [r["state"] for r in cluster.status()["ranks"]] == ["idle", "busy"], what="rank 1 busy")
+    wait_for(lambda: "running" in ar.stdout[0], what="the cell running")  # before the interrupt, or it is lost
     cluster.interrupt([1])
     ar.wait(60)
     assert [r["state"] for r in cluster.status()["ranks"]] == ["idle", "idle"]
@@ -97,8 +98,9 @@ def test_unknown_rank_names_valid_ranks(cluster):
 
 def test_interrupt_stops_running_code_and_keeps_state(cluster):
     cluster.push("kept", 42)
-    ar = cluster.execute("import time\nstarted = True\nfor i in range(6000):\n    time.sleep(0.1)")
-    wait_for(lambda: all(s["state"] == "busy" for s in cluster.status()["ranks"]), what="both ranks busy")
+    ar = cluster.execute("import time\nprint('running', flush=True)\nfor i in range(6000):\n    time.sleep(0.1)")
+    # the cell runs on both ranks (the controller's "busy" comes as soon as the request is queued)
+    wait_for(lambda: all("running" in out for out in ar.stdout), what="the cell running on both ranks")
     cluster.interrupt()
     ar.wait(60)
     assert ar.ready()

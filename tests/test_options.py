@@ -46,6 +46,16 @@ def test_a_running_cluster_takes_live_options_and_refuses_restart_ones_with_the_
                                      "--timeout 60 (running: 30); --port 29501 (running: 29500). Add --restart")
 
 
+def test_auto_restart_turns_on_and_off_on_a_running_cluster():
+    running = ClusterConfig(n=2)
+    on = plan(requested(parse("--auto-restart")), running, restart=False)
+    assert on.live == {"auto_restart": True}
+    off = plan(requested(parse("--auto-restart off")), on.config, restart=False)
+    assert off.live == {"auto_restart": False} and off.config.auto_restart is False
+    with pytest.raises(argparse.ArgumentError, match="invalid on or off value: 'maybe'"):
+        parse("--auto-restart maybe")
+
+
 def test_restart_keeps_every_option_it_is_not_given():
     running = ClusterConfig(n=2, backend="fsdp", timeout=30, port=29500, threads=3, precision="bf16", watchdog=5,
                             auto_restart=True, start_timeout=9)

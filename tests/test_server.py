@@ -238,6 +238,9 @@ def test_manager_on_the_same_state_without_a_server(server, session):
         msg_id = session.start(TRAIN.format(steps=2000))
         wait_for(lambda: [r["state"] for r in asyncio.run(manager.clusters())[0]["ranks"]] == ["busy", "busy"],
                  what="busy ranks (manager)")
+        # the training loop runs (its records arrive), so the SIGINT reaches running code
+        wait_for(lambda: any(r["status"] == "running" and r["records"] > 4 for r in asyncio.run(manager.runs(limit=3))),
+                 what="the training loop to log")
         result = asyncio.run(manager.interrupt(c["cluster_id"]))
         assert result["via"] == "ranks" and "SIGINT" in result["message"]
         out = session.collect(msg_id, timeout=60)
