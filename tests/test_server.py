@@ -253,7 +253,8 @@ def test_manager_on_the_same_state_without_a_server(server, session):
 
 
 def test_restart_and_stop_run_in_the_idle_kernel(server, session):
-    (old,) = clusters(server)
+    # the server learns that the kernel went idle from its IOPub messages: wait until it has
+    (old,) = wait_for(lambda: [c for c in clusters(server) if c["kernel_state"] == "idle"], what="an idle kernel")
     old_file = clusters_dir(server.dirs["runtime"]) / f"{old['cluster_id']}.json"
     assert old_file.exists()
     status, body = server.request("POST", f"{API}/clusters/{old['cluster_id']}/restart")
