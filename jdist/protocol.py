@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypedDict, Union
@@ -419,7 +420,7 @@ def _ts_type(tp: Any, aliases: dict[Any, str]) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
         return " | ".join(repr(a) for a in args)
-    if origin in (Union, getattr(__import__("types"), "UnionType", Union)):
+    if origin in (Union, types.UnionType):
         parts = [_ts_type(a, aliases) for a in args]
         return " | ".join(parts)
     if origin is list:

@@ -17,10 +17,15 @@ Example:
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 from typing import Sequence
 
 Frame = tuple[str, int, str]
+
+#: The signal that makes a rank dump its stacks (the rank's guard registers faulthandler on it;
+#: a launcher sends it).
+STACKS_SIGNAL = signal.SIGUSR1
 
 #: Path fragments of frames that wait for other ranks (backends add their own: ``BackendSpec``).
 COLLECTIVE_PATHS: tuple[str, ...] = ("/torch/distributed/",)

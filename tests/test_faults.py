@@ -6,7 +6,6 @@ benchmarks/bench_faults.py, not asserted here.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -36,18 +35,15 @@ def _rank0_stack_reader(k):
     """A function telling what rank 0 does, from its stack dump, for use while the kernel is busy:
     the test reads it the local launcher's way (SIGUSR1 by PID, the dump in the cluster's private
     folder). The rank is looked up now, while the kernel is idle."""
-    from jdist.kernel.launch.local_mpi import STACKS_SIGNAL
-    from jdist.stacks import parse_faulthandler, summary
+    from jdist.kernel.launch.local_mpi import LocalMPILauncher
+    from jdist.options import ClusterConfig
+    from jdist.stacks import summary
 
     info, work_dir = k.value("(jdist.kernel.cluster.current().ranks[0], str(jdist.kernel.cluster.current().work_dir))")
-    path = Path(work_dir) / "rank-0.txt"
+    launcher = LocalMPILauncher(ClusterConfig(n=2), Path(work_dir))
 
     def read() -> str:
-        path.write_text("")
-        os.kill(info["pid"], STACKS_SIGNAL)
-        frames = wait_for(lambda: parse_faulthandler(path.read_text(), info["main_thread"]), timeout=10,
-                          what="rank 0's stack dump")
-        return summary(frames)
+        return summary(launcher.stacks([info], timeout=10)[0])
 
     return read
 

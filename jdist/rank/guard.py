@@ -34,10 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from jdist.stacks import COLLECTIVE_PATHS, Frame, describe
-
-#: Signal that makes a rank dump its stacks (faulthandler, safe while blocked in C++).
-STACKS_SIGNAL = signal.SIGUSR1
+from jdist.stacks import COLLECTIVE_PATHS, STACKS_SIGNAL, Frame, describe
 
 
 class Guard:

@@ -62,8 +62,8 @@ def run_summary(run: Run, live: set[str], notebook: str | None) -> RunSummaryMod
     ls, lv = thin(loss[0], finite(loss[1]), max_points=SPARK_POINTS)
     ss, sv = thin(st[0], finite(st[1]), max_points=SPARK_POINTS)
     return RunSummaryModel(**run_head(run, live, notebook), loss_name=name,
-                           last_loss=finite(loss[1][-1:])[0] if loss[1] else None,
-                           last_step_time_s=finite(st[1][-1:])[0] if st[1] else None,
+                           last_loss=finite(loss[1][-1:] or [None])[0],
+                           last_step_time_s=finite(st[1][-1:] or [None])[0],
                            spark=Sparks(loss=(ls, lv), step_time=(ss, sv)))
 
 

@@ -28,12 +28,9 @@ from typing import Any, Sequence
 from jdist.errors import ClusterError
 from jdist.procs import pid_alive, popen_alive
 from jdist.protocol import RankInfo
-from jdist.stacks import Frame, parse_faulthandler
+from jdist.stacks import STACKS_SIGNAL, Frame, parse_faulthandler
 
 from .api import RankDeath, RankLauncher
-
-#: Signal that makes a rank dump its stacks (jdist.rank.guard registers faulthandler on it).
-STACKS_SIGNAL = signal.SIGUSR1
 
 #: Shell around each engine: forwards the launcher's signals, then records the exit status.
 #: (A background job of a non-interactive shell starts with SIGINT ignored; the engine

@@ -8,6 +8,7 @@ run); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from jdist.metrics import Run, missing_seqs, new_run_id
@@ -104,8 +105,6 @@ class RecordCollector:
     def finish(self, status: str, error: str | None) -> None:
         if self.run is None:
             return
-        import time
-
         self.run.ended = time.time()
         self.run.status = status
         self.run.error = error
