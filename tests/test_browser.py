@@ -152,19 +152,22 @@ def _scenario(lab, page) -> None:
     # the run with a growing loss sparkline
     run = sidebar.locator(".jp-jdist-run[data-status=running]").first
     run.wait_for(timeout=60_000)
-    spark = run.locator(".jp-jdist-spark-loss svg")
     page.wait_for_function(
         "() => { const s = document.querySelector('#jdist-sidebar .jp-jdist-run[data-status=running] .jp-jdist-spark-loss svg');"
         " return s && Number(s.dataset.points) >= 3; }", timeout=60_000)
-    last1, path1 = float(spark.get_attribute("data-last-x")), spark.locator("path").get_attribute("d")
-    steps1 = int(run.locator(".jp-jdist-run-progress").get_attribute("data-steps"))
+    # read the sparkline and the step count in one go: the sidebar may redraw between two separate reads
+    read_run = ("() => { const r = document.querySelector('#jdist-sidebar .jp-jdist-run[data-status=running]');"
+                " const s = r.querySelector('.jp-jdist-spark-loss svg');"
+                " return {lastX: Number(s.dataset.lastX), path: s.querySelector('path').getAttribute('d'),"
+                " steps: Number(r.querySelector('.jp-jdist-run-progress').dataset.steps)}; }")
+    first = page.evaluate(read_run)
     page.wait_for_function(
-        "(before) => Number(document.querySelector('#jdist-sidebar .jp-jdist-run[data-status=running] "
-        ".jp-jdist-spark-loss svg').dataset.lastX) > before", arg=last1, timeout=60_000)
-    last2, path2 = float(spark.get_attribute("data-last-x")), spark.locator("path").get_attribute("d")
-    steps2 = int(run.locator(".jp-jdist-run-progress").get_attribute("data-steps"))
+        f"(before) => {{ const now = ({read_run})(); return now.lastX > before.lastX && now.steps > before.steps; }}",
+        arg=first, timeout=60_000)
+    second = page.evaluate(read_run)
     # the loss chart grows: it reaches later steps (long series are thinned to 60 points)
-    assert steps2 > steps1 and last2 > last1 and path2 != path1, (steps1, steps2, last1, last2)
+    assert second["steps"] > first["steps"] and second["lastX"] > first["lastX"] and second["path"] != first["path"], \
+        (first, second)
 
     # the notebook dashboard rendered under the training cell (live plotly figure and progress bar)
     page.wait_for_selector(".jp-Notebook .js-plotly-plot .scatterlayer path.js-line", timeout=60_000)
