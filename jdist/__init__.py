@@ -19,7 +19,8 @@ Public names, all flat on ``jdist``:
   :func:`info`, :func:`precision`; training helpers :func:`backward`, :func:`clip_grad_norm_`,
   :func:`no_sync`, :func:`is_sync_step`, :func:`scale_lr`, :func:`warmup`; checkpoints
   :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
-  :func:`checkpoint_every`, :func:`restored_step`;
+  :func:`checkpoint_every`, :func:`restored_step`; framework integrations :class:`HFCallback`,
+  :class:`LightningCallback`, :class:`AccelerateTracker` (docs/frameworks.md);
 * in the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a DataFrame),
   :func:`runs`, and ``%load_ext jdist``;
 * anywhere: :class:`Run`, :func:`read_run`, :data:`AUTO_METRICS`.
@@ -54,6 +55,9 @@ _LAZY = {
     "latest_checkpoint": "jdist.rank.checkpoint",
     "checkpoint_every": "jdist.rank.checkpoint",
     "restored_step": "jdist.rank.checkpoint",
+    "HFCallback": "jdist.rank.integrations.hf",
+    "LightningCallback": "jdist.rank.integrations.lightning",
+    "AccelerateTracker": "jdist.rank.integrations.accelerate",
     # kernel
     "load_ipython_extension": "jdist.kernel.magics",  # %load_ext jdist
     "last_run": "jdist.kernel.sinks",

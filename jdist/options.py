@@ -68,6 +68,7 @@ class Option:
     switch: bool = False  # a flag without a value (this cell)
     toggle: bool = False  # "--flag" turns it on, "--flag off" turns it off
     applied_by: Literal["kernel", "ranks"] = "kernel"
+    const: Any = None  # the value of the flag given alone ("--flag" without a value); None: a value is needed
 
     @property
     def flag(self) -> str:
@@ -81,6 +82,8 @@ class Option:
             kwargs["action"] = "store_true"
         elif self.toggle:
             kwargs.update(nargs="?", const=True, type=on_off, metavar="on|off")
+        elif self.const is not None:
+            kwargs.update(nargs="?", const=self.const, type=self.type, metavar=self.metavar)
         else:
             kwargs["type"] = self.type
             if self.choices:
@@ -194,6 +197,11 @@ CELL_OPTIONS: tuple[Option, ...] = (
            switch=True),
     Option("run_dir", ("--run-dir",), "Folder for run logs (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).",
            Scope.CELL, type=str, metavar="DIR"),
+    Option("tensorboard", ("--tensorboard",), "Also write this cell's run to TensorBoard while it runs, under "
+           "DIR/<run id> (each rank and their mean; needs jdist[tracking]).", Scope.CELL, type=str, metavar="DIR"),
+    Option("mlflow", ("--mlflow",), "Also log this cell's run to MLflow while it runs: URI is a tracking store or "
+           "server (default: MLflow's own, $MLFLOW_TRACKING_URI or sqlite:///mlflow.db; needs jdist[tracking]).",
+           Scope.CELL, type=str, metavar="URI", const=True),
     Option("restart", ("--restart",), "Replace the running cluster first: with the options given, the others "
            "kept (rank state is lost).", Scope.CELL, switch=True),
 )

@@ -64,6 +64,7 @@ class SetupConfig(TypedDict):
     work_dir: str | None
     owner: Owner | None
     port: int | None
+    cluster_id: str  # the ranks' TORCHELASTIC_RUN_ID
 
 
 class RankInfo(TypedDict):
@@ -85,6 +86,8 @@ class RankInfo(TypedDict):
 #: One metric record: ``rank``, ``cell``, ``seq``, ``step``, ``time``, the automatic metrics of
 #: :data:`jdist.metrics.AUTO_METRICS` and every scalar given to ``jdist.log``.
 Record = dict[str, Any]
+#: Keys every record has besides its metrics (the automatic ones and the logged scalars).
+RECORD_KEYS: tuple[str, ...] = ("rank", "seq", "step", "time", "cell")
 
 
 class RecordsMessage(TypedDict):

@@ -192,7 +192,7 @@ class ClusterSession:
         cfg = SetupConfig(
             backend=self.config.backend, gpus=self.config.gpus, timeout=self.config.timeout,
             threads=self.config.threads, precision=self.config.precision, port=self.config.port,
-            work_dir=str(self.work_dir),
+            work_dir=str(self.work_dir), cluster_id=self.cluster_id or "jdist",
             # the ranks end themselves (and the controller) if this process dies without stopping them
             owner={"host": socket.gethostname(), "pid": os.getpid(),
                    "controller": [controller["pid"], controller["create_time"]]},

@@ -28,6 +28,21 @@ from .probes import probe
 from .supervise import raise_for_result, run_cell
 
 
+def _check_trackers(args: Any) -> None:
+    """``--tensorboard``/``--mlflow`` without their library: one line naming the extra, before anything runs."""
+    import importlib.util
+
+    for flag, module in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
+        if not getattr(args, flag):
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ValueError:  # in sys.modules as None: blocked
+            found = False
+        if not found:
+            raise usage_error(f"--{flag} needs {module}: pip install 'jdist[tracking]' (then restart the kernel).")
+
+
 class CellSyntaxError(Exception):
     """The cell does not parse: reported once, before anything is sent to the ranks."""
 
@@ -108,6 +123,7 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.distributed, line)
         self._check_syntax(cell)
+        _check_trackers(args)
         ranks = parse_targets(args.targets)
         cluster = self._ensure_cluster(args)
         try:
@@ -115,7 +131,8 @@ class DistributedMagics(Magics):
         except ValueError as exc:
             raise usage_error(f"--targets: {exc}") from None
         result = run_cell(cluster, cell, ranks=ranks, output=args.output or "rank0",
-                          dashboard=not args.no_dashboard, run_dir=args.run_dir)
+                          dashboard=not args.no_dashboard, run_dir=args.run_dir, tensorboard=args.tensorboard,
+                          mlflow=args.mlflow)
         notes = []
         if result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")

@@ -3,8 +3,9 @@
 The supervisor hands each new record to every sink of the cell's run: :class:`KernelRuns`
 (the kernel's recent runs in memory: ``jdist.last_run()``, ``jdist.runs()``), :class:`RunLogSink`
 (the run folder on disk, which the Jupyter server's sidebar reads) and :class:`DashboardSink`
-(the live dashboard under the cell). Another destination (TensorBoard, MLflow...) is one more
-sink in :func:`default_sinks`.
+(the live dashboard under the cell), and on request :class:`TrackerSink` (TensorBoard with
+``--tensorboard DIR``, MLflow with ``--mlflow [URI]``: :mod:`jdist.metrics.export`). Another
+destination is one more sink in :func:`default_sinks`.
 
 Example:
     >>> from jdist.metrics import Run
@@ -16,8 +17,11 @@ Example:
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from jdist.metrics import Run, RunLog
 from jdist.protocol import Record
@@ -121,9 +125,88 @@ class DashboardSink:
         self.board.finish()
 
 
-def default_sinks(run: Run, dashboard: bool = True, run_dir: str | None = None) -> list[RecordSink]:
+class TrackerSink:
+    """Writes the run to an experiment tracker while the cell runs (``--tensorboard``, ``--mlflow``).
+
+    ``make(run)`` builds the writer (:class:`jdist.metrics.export.TensorBoardWriter` or
+    ``MLflowWriter``). Its writes happen off the kernel's main thread, at most every
+    ``flush_s`` seconds; a tracker that fails stops with one line on stderr and the cell goes
+    on (its run log and dashboard have every record).
+    """
+
+    def __init__(self, label: str, make: Callable[[Run], Any], flush_s: float = 2.0) -> None:
+        self.label, self.make, self.flush_s = label, make, flush_s
+        self.writer: Any = None
+        self.failed = False
+        self._pending: list[Record] = []
+        self._lock = threading.Lock()  # one write at a time: the writer is not thread-safe
+        self._thread: threading.Thread | None = None
+        self._last = 0.0
+
+    def _guarded(self, what: str, fn: Callable[[], None]) -> None:
+        if self.failed:
+            return
+        try:
+            with self._lock:
+                fn()
+        except Exception as exc:  # a tracker must never stop training
+            self.failed = True
+            print(f"jdist: {self.label} logging stopped ({what}): {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def start(self, run: Run) -> None:
+        def make() -> None:
+            self.writer = self.make(run)
+
+        self._guarded("start", make)
+
+    def add(self, records: list[Record]) -> None:
+        self._pending.extend(records)
+
+    def _write(self) -> None:
+        batch, self._pending = self._pending, []
+        self.writer.add(batch)
+        self.writer.flush()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.failed or not self._pending or now - self._last < self.flush_s:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._last = now
+        self._thread = threading.Thread(target=self._guarded, args=("write", self._write), daemon=True,
+                                        name=f"jdist-{self.label}")
+        self._thread.start()
+
+    def finish(self, run: Run) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+        def close() -> None:
+            batch, self._pending = self._pending, []
+            self.writer.add(batch)
+            self.writer.close()
+
+        self._guarded("finish", close)
+
+
+def tracker_sinks(tensorboard: str | None = None, mlflow: str | bool | None = None) -> list[RecordSink]:
+    """The sinks of ``--tensorboard DIR`` and ``--mlflow [URI]`` (``True``: MLflow's default store)."""
+    from jdist.metrics import export
+
+    sinks: list[RecordSink] = []
+    if tensorboard:
+        sinks.append(TrackerSink("TensorBoard", lambda run: export.TensorBoardWriter(tensorboard, run)))
+    if mlflow:
+        uri = None if mlflow is True else str(mlflow)
+        sinks.append(TrackerSink("MLflow", lambda run: export.MLflowWriter(run, uri)))
+    return sinks
+
+
+def default_sinks(run: Run, dashboard: bool = True, run_dir: str | None = None, tensorboard: str | None = None,
+                  mlflow: str | bool | None = None) -> list[RecordSink]:
     """The sinks of a ``%%distributed`` cell's run."""
     sinks: list[RecordSink] = [KernelRuns(), RunLogSink(run_dir)]
     if dashboard:
         sinks.append(DashboardSink())
-    return sinks
+    return sinks + tracker_sinks(tensorboard, mlflow)

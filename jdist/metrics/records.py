@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from jdist.protocol import Record, RunMeta
+from jdist.protocol import RECORD_KEYS, Record, RunMeta
 
 #: Automatic metrics added to every record by the rank runtime (``None`` when unknown).
 AUTO_METRICS: dict[str, str] = {
@@ -42,8 +42,6 @@ AUTO_METRICS: dict[str, str] = {
     "optimizers' state (local shards under FSDP)",
 }
 
-#: Keys every record has besides the automatic metrics; user scalars may not use them.
-RECORD_KEYS: tuple[str, ...] = ("rank", "seq", "step", "time", "cell")
 RESERVED: frozenset[str] = frozenset(RECORD_KEYS) | frozenset(AUTO_METRICS)
 
 
@@ -204,6 +202,26 @@ class Run:
             records=len(self.records),
             cluster_id=self.cluster_id,
         )
+
+    def to_tensorboard(self, logdir: str | Path) -> Path:
+        """Write this run as TensorBoard event files, per rank and mean (:mod:`jdist.metrics.export`);
+        returns ``<logdir>/<run_id>``. Needs ``jdist[tracking]``.
+
+        >>> jdist.last_run().to_tensorboard("tb")   # doctest: +SKIP
+        """
+        from .export import to_tensorboard
+
+        return to_tensorboard(self, logdir)
+
+    def to_mlflow(self, tracking_uri: str | None = None, experiment: str = "jdist", run_name: str | None = None) -> str:
+        """Write this run as an MLflow run, per rank and mean, with its parameters
+        (:mod:`jdist.metrics.export`); returns the MLflow run id. Needs ``jdist[tracking]``.
+
+        >>> jdist.last_run().to_mlflow("sqlite:///mlflow.db")   # doctest: +SKIP
+        """
+        from .export import to_mlflow
+
+        return to_mlflow(self, tracking_uri, experiment, run_name)
 
     def summary(self) -> str:
         """A short plain-text summary: status, steps, final loss-like metrics, timings."""

@@ -31,7 +31,7 @@ def setup(config: SetupConfig) -> RankInfo:
 
     from jdist.plugins import backend_spec
 
-    from . import training
+    from . import torchrun, training
     from .backends.base import RankContext
     from .channel import DataPubChannel, NullChannel
     from .guard import Guard
@@ -72,6 +72,7 @@ def setup(config: SetupConfig) -> RankInfo:
     s = RankSession(ctx=ctx, backend=backend, spec=spec,
                     channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
     backend.setup(ctx, s.timer)
+    torchrun.install(ctx, config.get("cluster_id") or "jdist")
     training.set_precision(s.train, config.get("precision") or "fp32")
     activate(s)
 

@@ -197,15 +197,17 @@ def repair_group(cluster: ClusterSession) -> dict[str, Any] | None:
 
 
 def run_cell(cluster: ClusterSession, code: str, ranks: Sequence[int] | None = None, output: str = "rank0",
-             dashboard: bool = True, run_dir: str | None = None) -> CellResult:
+             dashboard: bool = True, run_dir: str | None = None, tensorboard: str | None = None,
+             mlflow: str | bool | None = None) -> CellResult:
     """Run ``code`` on ``ranks`` (default all), streaming output and metrics until it ends.
 
     ``output``: ``rank0`` (lowest selected rank, live), ``all`` (every rank, line by line,
     labelled) or ``none``. ``dashboard``: a live dashboard under the cell once it logs.
-    ``run_dir``: where its run log goes. Faults are handled while it waits (see
+    ``run_dir``: where its run log goes; ``tensorboard``/``mlflow``: also log it there
+    (:mod:`jdist.metrics.export`). Faults are handled while it waits (see
     docs/reliability.md). Returns a :class:`CellResult`; errors are not raised here
     (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
     from ..sinks import default_sinks
 
-    return CellSupervisor(cluster, code, ranks, output, lambda run: default_sinks(run, dashboard, run_dir)).run()
+    return CellSupervisor(cluster, code, ranks, output, lambda run: default_sinks(run, dashboard, run_dir, tensorboard, mlflow)).run()

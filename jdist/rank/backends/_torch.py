@@ -43,6 +43,7 @@ def init_process_group(ctx: RankContext) -> None:
     import torch.distributed as dist
 
     from ..guard import socket_fds
+    from ..torchrun import real_init_process_group
 
     if dist.is_initialized():
         return
@@ -57,7 +58,7 @@ def init_process_group(ctx: RankContext) -> None:
         store = _tcp_store(ctx)
     kind = "nccl" if ctx.device_kind == "cuda" else "gloo"
     kwargs = {"device_id": ctx.device} if kind == "nccl" else {}
-    dist.init_process_group(kind, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=ctx.timeout, **kwargs)
+    real_init_process_group(kind, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=ctx.timeout, **kwargs)
     ctx._store = store  # type: ignore[attr-defined]  # keep it alive as long as the group
     if ctx.guard is not None:
         ctx.guard.note_group_sockets(before)
@@ -91,9 +92,11 @@ def recreate_process_group(ctx: RankContext) -> Any:
     """
     import torch.distributed as dist
 
+    from ..torchrun import real_destroy_process_group
+
     if dist.is_initialized():
         try:
-            dist.destroy_process_group()
+            real_destroy_process_group()
         except Exception:  # a broken group may complain while shutting down; it is gone either way
             pass
     old = ctx.generation
@@ -111,5 +114,7 @@ def recreate_process_group(ctx: RankContext) -> Any:
 def destroy_process_group() -> None:
     import torch.distributed as dist
 
+    from ..torchrun import real_destroy_process_group
+
     if dist.is_initialized():
-        dist.destroy_process_group()
+        real_destroy_process_group()
