@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import KernelSession
 
-TUTORIAL = Path(__file__).parent / "data" / "torchrun_tutorial.py"
+TUTORIAL = Path(__file__).parent.parent / "notebooks" / "multigpu_torchrun.py"  # also notebooks/05-torchrun-script.ipynb
 
 
 @pytest.fixture(scope="module")
