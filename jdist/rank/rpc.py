@@ -22,7 +22,8 @@ def setup(config: SetupConfig) -> RankInfo:
     """Initialise this engine as one rank (called by the kernel on every engine at once).
 
     Reads rank and world size from MPI, pins the device, sets the torch threads of CPU ranks,
-    installs the guard, sets up the backend, and puts ``rank``, ``world_size``, ``local_rank``,
+    installs the guard, sets up the backend, gives the rank the torchrun environment
+    (:mod:`jdist.rank.torchrun`), and puts ``rank``, ``world_size``, ``local_rank``,
     ``device`` and ``jdist`` into the cell namespace. Returns this rank's :class:`RankInfo`.
     """
     from mpi4py import MPI
@@ -214,6 +215,7 @@ def set_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(int(threads))
+    os.environ["OMP_NUM_THREADS"] = str(int(threads))  # what the ranks' torchrun environment says
 
 
 def get_global(name: str) -> Any:

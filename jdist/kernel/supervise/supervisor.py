@@ -210,4 +210,7 @@ def run_cell(cluster: ClusterSession, code: str, ranks: Sequence[int] | None = N
     """
     from ..sinks import default_sinks
 
-    return CellSupervisor(cluster, code, ranks, output, lambda run: default_sinks(run, dashboard, run_dir, tensorboard, mlflow)).run()
+    def sinks(run: Any) -> Any:
+        return default_sinks(run, dashboard, run_dir, tensorboard, mlflow)
+
+    return CellSupervisor(cluster, code, ranks, output, sinks).run()
