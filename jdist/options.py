@@ -135,9 +135,10 @@ class ClusterConfig:
     precision: str = _option("fp32", ("--precision",), "Autocast precision of prepared models (fp16 adds a "
                              "GradScaler; jdist.backward applies it).", Scope.LIVE, choices=PRECISIONS,
                              applied_by="ranks")
-    watchdog: float = _option(30.0, ("--watchdog",), "Seconds without progress, with every running rank waiting in "
-                              "a collective, after which the cell is reported as hung with each rank's stack and the "
-                              "ranks are released (default 30; 0: off).", Scope.LIVE, type=float, metavar="S")
+    watchdog: float = _option(30.0, ("--watchdog",), "Seconds without progress, with every running rank proven "
+                              "blocked in a collective, after which the cell is reported as hung with each rank's "
+                              "stack and the ranks are released; healthy training that prints nothing is left alone "
+                              "(default 30; 0: off).", Scope.LIVE, type=float, metavar="S")
     auto_restart: bool = _option(False, ("--auto-restart",), "If the rank processes die, restart them at once, "
                                  "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint "
                                  "(--auto-restart off: no more).", Scope.LIVE, toggle=True)

@@ -50,7 +50,9 @@ class BackendSpec:
     the ranks). ``requires``: modules that must be importable, checked before any rank
     starts; ``install_hint``: the fix when one is missing. ``backward_waits``: a backward pass
     waits for other ranks (gradients are all-reduced inside it); ``collective_paths``: path
-    fragments of the frames in which a rank waits for the others (hang detection, releases).
+    fragments of the frames in which a rank waits for the others (hang detection, releases);
+    ``spins``: a rank blocked in a collective still keeps a core busy (Horovod's MPI thread
+    polls), so the hang watchdog cannot use its process's CPU time as evidence.
     """
 
     name: str
@@ -60,6 +62,7 @@ class BackendSpec:
     install_hint: str = ""
     backward_waits: bool = False
     collective_paths: tuple[str, ...] = COLLECTIVE_PATHS
+    spins: bool = False
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run in this environment (with the fix), or None.
@@ -96,6 +99,7 @@ FSDP = BackendSpec("fsdp", "jdist.rank.backends.fsdp:FSDPBackend",
 HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", requires=("horovod",),
                       install_hint=HOROVOD_INSTALL_HINT,
                       collective_paths=(*COLLECTIVE_PATHS, "/horovod/torch/mpi_ops.py", "/horovod/common/"),
+                      spins=True,
                       help="Horovod DistributedOptimizer over the ranks' MPI world")
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
+from jdist.plugins import HOROVOD
+
 SETUP = (
     "%%distributed\n"
     "import os, signal, time, torch, torch.nn as nn, torch.distributed as dist\n"
@@ -94,6 +96,29 @@ def test_watchdog_leaves_long_computations_alone(faults):
                      timeout=60)
     faults.run("%%distributed --watchdog 30\npass")
     assert out.stdout.strip() == "done"
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(HOROVOD.unavailable() is not None, reason="Horovod is not installed: make horovod (make test installs it)")
+def test_horovod_hang_is_reported_although_its_blocked_rank_spins(tmp_path, monkeypatch):
+    # A rank blocked in Horovod's synchronize polls a full core (its CPU time is no evidence):
+    # the watchdog proves it blocked by its stack and Horovod's handles. Horovod's wait cannot be
+    # released (docs/reliability.md), so this uses a cluster of its own and stops it.
+    from jdist.kernel.cluster import ClusterSession
+    from jdist.kernel.supervise.outcome import CellStatus
+    from jdist.kernel.supervise.supervisor import CellSupervisor
+    from jdist.options import ClusterConfig
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    cluster = ClusterSession(ClusterConfig(n=2, backend="horovod", watchdog=2, timeout=120))
+    cluster.start(lambda msg: None)
+    try:
+        code = "import torch, horovod.torch as hvd\nif rank == 0:\n    hvd.allreduce(torch.ones(1), name='x')"
+        result = CellSupervisor(cluster, code, None, "none", lambda run: []).run()
+        assert result.outcome.status is CellStatus.HUNG
+        assert result.hang == {0: "synchronize (cell line 3)"}
+    finally:
+        cluster.stop()
 
 
 def test_interrupt_releases_ranks_blocked_in_a_collective(faults):

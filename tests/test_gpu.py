@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(visible_gpus() < 1, reason="ne
 
 def test_gpu_ddp_training_with_cuda_metrics(kernel):
     n = min(visible_gpus(), 2)
-    out = kernel.run(f"%%distributed --gpus {n}\nimport torch, torch.nn as nn, torch.distributed as dist\n"
-                     "print(device, dist.get_backend())")
+    kernel.run(f"%%distributed --gpus {n}\nimport torch, torch.nn as nn, torch.distributed as dist")
+    out = kernel.run("%%distributed\nprint(device, dist.get_backend())")  # a cell of its own: no start-up lines
     assert out.stdout.strip() == "cuda:0 nccl"
     kernel.run(
         "%%distributed\n"
@@ -26,11 +26,15 @@ def test_gpu_ddp_training_with_cuda_metrics(kernel):
         "    x = torch.randn(256, 512, device=device)\n"
         "    loss = model(x).square().mean(); opt.zero_grad(); loss.backward(); opt.step()\n"
         "    jdist.log(step=step, loss=loss.item())\n"
+        "peak = torch.cuda.max_memory_allocated()\n"
     )
     h = "jdist.last_run().history"
     assert kernel.value(f"len({h})") == 30 * n
     assert kernel.value(f"int({h}.mem_bytes.min())") > 0
     assert kernel.value(f"bool(({h}.mem_peak_bytes >= {h}.mem_bytes).all())")
+    # the peak reported is the rank's own CUDA peak
+    kernel.run("%dist pull peak")
+    assert kernel.value(f"int({h}[{h}['rank'] == 0].mem_peak_bytes.max())") == kernel.value("peak")[0]
     if n > 1:
         assert kernel.value(f"float({h}.comm_time_s.min())") > 0
     kernel.run("%dist stop")
@@ -60,9 +64,42 @@ def test_gpu_backends_train_in_mixed_precision(kernel, backend, precision):
         "print(sorted(seen), losses[-1] < losses[0], str(next(model.parameters()).device))\n"
     )
     want = "torch.bfloat16" if precision == "bf16" else "torch.float16"
-    assert out.stdout.strip().endswith(f"['{want}'] True cuda:0")
+    assert f"['{want}'] True cuda:0" in out.stdout.splitlines()  # the run's summary follows it
     h = "jdist.last_run().history"
     if n > 1:
         assert kernel.value(f"float({h}.comm_time_s.min())") > 0
     assert kernel.value(f"int({h}.state_bytes.min())") > 0
+    kernel.run("%dist stop")
+
+
+def test_gpu_watchdog_never_stops_healthy_training(kernel):
+    # 10 s of GPU training without output under a 1 s watchdog (the false hang seen on an H100)
+    kernel.run("%%distributed --gpus 1 --backend ddp --restart --watchdog 1\nimport time, torch, torch.nn as nn")
+    out = kernel.run(
+        "%%distributed\n"
+        "model = jdist.prepare(nn.Sequential(nn.Linear(2048, 8192), nn.ReLU(), nn.Linear(8192, 2048)))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+        "t0 = time.perf_counter()\n"
+        "while time.perf_counter() - t0 < 10:\n"  # one rank: no step count to agree on
+        "    loss = model(torch.randn(512, 2048, device=device)).square().mean()\n"
+        "    jdist.backward(loss); opt.step(); opt.zero_grad()\n"
+        "torch.cuda.synchronize(); print('trained', round(time.perf_counter() - t0))\n"
+    )
+    assert out.error is None and "trained 10" in out.stdout
+    kernel.run("%dist stop")
+
+
+def test_cpu_fsdp_ranks_on_a_gpu_machine(kernel):
+    # fully_shard's default mesh is a CUDA one wherever CUDA exists: CPU ranks must shard on a CPU mesh
+    kernel.run("%%distributed -n 2 --backend fsdp --restart --watchdog 30\nimport torch, torch.nn as nn")
+    out = kernel.run(
+        "%%distributed\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))\n"
+        "model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+        "for step in range(5):\n"
+        "    jdist.backward(model(torch.randn(16, 64)).square().mean()); opt.step(); opt.zero_grad()\n"
+        "w = next(model.parameters())\n"
+        "print(torch.cuda.is_available(), w.device_mesh.device_type, w.device)\n"
+    )
+    assert out.stdout.strip() == "True cpu cpu"
     kernel.run("%dist stop")

@@ -351,6 +351,23 @@ result = dict(sharded=sharded, out=str(out.dtype), learned=losses[-1] < losses[0
     assert "unknown option(s) for --backend fsdp: wrap" in r["errors"][1]
 
 
+@pytest.mark.backends("fsdp")
+def test_fsdp_cpu_ranks_shard_on_a_cpu_mesh_where_cuda_exists(cluster):
+    # On a GPU machine, fully_shard's default mesh is a CUDA mesh even for CPU ranks ("Expected all
+    # tensors to be on the same device ... cuda:0 and cpu", seen on an H100). This CPU-only torch
+    # has no CUDA, so the test makes torch report one, as it does there, while the model is sharded.
+    _run(cluster, r'''
+from unittest import mock
+with mock.patch("torch._C._get_accelerator", return_value=torch.device("cuda")):
+    model = jdist.prepare(make_model(dropout=0.0))
+weight = next(model.parameters())
+loss = model(X[:8]).pow(2).mean(); jdist.backward(loss)
+result = dict(mesh=weight.device_mesh.device_type, device=str(weight.device), grad=weight.grad is not None)
+''')
+    for r in _pull(cluster, "result"):
+        assert r == {"mesh": "cpu", "device": "cpu", "grad": True}
+
+
 def test_scheduler_made_before_prepare_follows_optimizer_steps_and_samples_count_micro_batches(cluster):
     _run(cluster, r'''
 model = make_model()
@@ -390,3 +407,33 @@ result = dict(total=t.item(), warnings=[str(w.message) for w in caught])
     r = _pull(cluster, "result")[0]
     assert r["total"] == 3.0
     assert len(r["warnings"]) == 1 and "model, opt = jdist.prepare(model, opt)" in r["warnings"][0]
+
+
+def test_watchdog_never_stops_healthy_training_without_output(cluster):
+    # ~11 s of training with no output and no jdist.log under a 1 s watchdog: the watchdog samples
+    # every 0.25 s, finding the ranks inside a collective or a backward most of the time (the old
+    # watchdog's false hang), and must never call it one
+    from jdist.kernel.supervise.detectors import HangWatchdog, default_detectors
+    from jdist.kernel.supervise.outcome import CellStatus
+    from jdist.kernel.supervise.supervisor import CellSupervisor
+
+    code = r'''
+import time, torch.distributed as dist
+model = make_model(dropout=0.0)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+model, opt = jdist.prepare(model, opt)
+def step():
+    jdist.backward(nn.functional.mse_loss(model(X[:64]), Y[:64])); opt.step(); opt.zero_grad()
+t0, steps, done = time.perf_counter(), 0, torch.zeros(1)
+while not done.item():  # 11 s by rank 0's clock, the same number of steps on every rank
+    for _ in range(50): step()
+    steps += 50
+    done.fill_(time.perf_counter() - t0 >= 11.0); dist.broadcast(done, 0)
+'''
+    watchdog = HangWatchdog(1.0)
+    sup = CellSupervisor(cluster, code, None, "none", lambda run: [], detectors=[*default_detectors(0), watchdog])
+    result = sup.run()
+    assert result.outcome.status is CellStatus.FINISHED, (result.outcome, result.hang)
+    assert result.elapsed_s >= 10 * watchdog.period
+    assert watchdog.samples_taken >= 30  # it looked all along
+    assert min(_pull(cluster, "steps")) > 100

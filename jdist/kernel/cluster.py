@@ -35,7 +35,7 @@ from jdist.errors import ClusterError
 from jdist.options import ClusterConfig
 from jdist.plugins import launcher_class
 from jdist.protocol import PROTOCOL_VERSION, RankCall, RankInfo, SetupConfig
-from jdist.stacks import Frame
+from jdist.stacks import Frame, Sample
 
 from . import statefile
 from .launch import RankDeath, RankLauncher
@@ -325,6 +325,13 @@ class ClusterSession:
         assert self.launcher is not None
         wanted = [info for info in self.ranks if ranks is None or info["rank"] in ranks]
         return self.launcher.stacks(wanted, timeout)
+
+    def samples(self, ranks: Sequence[int] | None = None, timeout: float = 1.0) -> dict[int, Sample]:
+        """Each rank's stack and progress counters (:class:`jdist.stacks.Sample`; the hang watchdog)."""
+        self._require()
+        assert self.launcher is not None
+        wanted = [info for info in self.ranks if ranks is None or info["rank"] in ranks]
+        return self.launcher.samples(wanted, timeout)
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose process has ended, the first to end first (cheap: every poll of a cell)."""

@@ -4,7 +4,13 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
 
 * **Stacks.** ``faulthandler`` dumps every thread's Python stack to the rank's stack file
   on ``SIGUSR1``. It runs in the C signal handler, so it works while the rank is blocked
-  inside a C++ collective; the kernel reads the file (``%dist stacks``, the hang watchdog).
+  inside a C++ collective, even with the GIL held; the kernel reads the file (``%dist stacks``,
+  the stacks of ranks that would not stop).
+* **Samples.** On ``SIGUSR2`` the guard's thread writes a :class:`jdist.stacks.Sample`: the
+  main thread's frames (read under the GIL, which a collective releases) and the rank's
+  progress counters (process CPU time, the collectives its process group has started). The
+  hang watchdog compares two samples to tell a blocked rank from a busy one. Reading frames
+  under the GIL is safe at any rate; faulthandler's dump from a signal handler is not.
 * **Release.** A blocked gloo collective ignores SIGINT: Python only runs the handler once
   the C++ call returns. The guard therefore watches signals through the interpreter's
   wakeup fd, which the C handler writes at once, from a thread of its own. When SIGINT
@@ -30,11 +36,21 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, Callable
 
-from jdist.stacks import COLLECTIVE_PATHS, STACKS_SIGNAL, Frame, describe
+from jdist.stacks import (
+    COLLECTIVE_PATHS,
+    SAMPLE_SIGNAL,
+    STACKS_SIGNAL,
+    Frame,
+    Progress,
+    Sample,
+    describe,
+    format_sample,
+)
 
 
 class Guard:
@@ -44,6 +60,8 @@ class Guard:
         self.backward_waits = backward_waits
         self.collective_paths = collective_paths
         self.stacks_file: IO[str] | None = None
+        self.sample_path: Path | None = None
+        self.marker: Callable[[], str | None] | None = None  # the backend's collectives_started
         self.group_fds: set[int] = set()  # connected sockets of the process group
         self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
         self.broken: str | None = None  # why this rank broke the group's connections (None: intact)
@@ -59,6 +77,11 @@ class Guard:
                 self.stacks_file.close()
             self.stacks_file = os.fdopen(fd, "a")
             faulthandler.register(STACKS_SIGNAL, file=self.stacks_file, all_threads=True, chain=False)
+            self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
+            if signal.getsignal(SAMPLE_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN):
+                # a Python-level handler makes the signal reach the wakeup fd, so the guard's
+                # thread sees it; the default action would end the process
+                signal.signal(SAMPLE_SIGNAL, _ignore)
         _watch_signals()
 
     def note_group_sockets(self, before: set[int]) -> None:
@@ -73,6 +96,20 @@ class Guard:
                 else:
                     self.group_fds.add(fd)
         self.broken = self.released_from = None
+
+    def write_sample(self) -> None:
+        """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename)."""
+        if self.sample_path is None:
+            return
+        tmp = self.sample_path.with_name(self.sample_path.name + ".tmp")
+        try:
+            sample = Sample(_frames(_main_frame()), progress(self.marker))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(format_sample(sample))
+            os.replace(tmp, self.sample_path)
+        except Exception:  # no sample is no evidence; this thread must live on for releases
+            pass
 
     def where(self) -> str | None:
         """What the main thread waits on, if it waits in a collective (else None)."""
@@ -141,11 +178,26 @@ def _watch_signals() -> None:
                 except OSError:
                     pass
             s = current()
-            if signal.SIGINT in data and s is not None and s.guard is not None:
+            if s is None or s.guard is None:
+                continue
+            if SAMPLE_SIGNAL in data:
+                s.guard.write_sample()
+            if signal.SIGINT in data:
                 s.guard.release("interrupted")
 
     _signal_thread = threading.Thread(target=watch, name="jdist-guard", daemon=True)
     _signal_thread.start()
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler of the sample signal: the guard's thread does the work."""
+
+
+def progress(marker: Callable[[], str | None] | None = None) -> Progress:
+    """This rank's progress counters now (clock reads and ``marker()``: microseconds)."""
+    main = threading.main_thread().ident
+    main_cpu = time.clock_gettime(time.pthread_getcpuclockid(main)) if main is not None else 0.0
+    return Progress(time.monotonic(), time.process_time(), main_cpu, marker() if marker is not None else None)
 
 
 def socket_fds() -> set[int]:

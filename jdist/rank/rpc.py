@@ -26,9 +26,8 @@ def setup(config: SetupConfig) -> RankInfo:
     (:mod:`jdist.rank.torchrun`), and puts ``rank``, ``world_size``, ``local_rank``,
     ``device`` and ``jdist`` into the cell namespace. Returns this rank's :class:`RankInfo`.
     """
-    from mpi4py import MPI
-
     import torch
+    from mpi4py import MPI
 
     from jdist.plugins import backend_spec
 
@@ -66,6 +65,7 @@ def setup(config: SetupConfig) -> RankInfo:
                       port=config.get("port"), guard=guard)
     guard.install(rank, config.get("work_dir"))
     backend = spec.load()()
+    guard.marker = backend.collectives_started
     from IPython import get_ipython
 
     shell = get_ipython()

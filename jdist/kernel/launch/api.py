@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Sequence
 
 from jdist.options import ClusterConfig
 from jdist.protocol import RankInfo
-from jdist.stacks import Frame
+from jdist.stacks import Frame, Sample
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class RankLauncher(ABC):
     Lifecycle: ``probe()`` (before anything starts) → the cluster creates an ``ipyparallel.Cluster``
     with :attr:`controller_ip` and :meth:`engine_launcher_class`, calls :meth:`configure` on its
     config and :meth:`attach` with it → engines start and register (:meth:`exited_early` is polled
-    meanwhile) → ranks are set up → :meth:`watch` → cells run (:meth:`deaths`, :meth:`stacks`,
+    meanwhile) → ranks are set up → :meth:`watch` → cells run (:meth:`deaths`, :meth:`samples`, :meth:`stacks`,
     :meth:`death`) → :meth:`stop`.
     """
 
@@ -108,8 +108,14 @@ class RankLauncher(ABC):
 
     @abstractmethod
     def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
-        """Each rank's main-thread stack (innermost first), also while it is blocked in C++;
-        ranks that did not answer within ``timeout`` map to []."""
+        """Each rank's main-thread stack (innermost first), also while it is blocked in C++ or
+        holds the GIL; ranks that did not answer within ``timeout`` map to []. For people
+        (``%dist stacks``): not to be called often (:data:`jdist.stacks.STACKS_SIGNAL`)."""
+
+    @abstractmethod
+    def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
+        """Each rank's :class:`~jdist.stacks.Sample` from its guard thread (safe at any rate: the
+        hang watchdog); ranks that did not answer within ``timeout`` map to an empty Sample."""
 
     def stop(self) -> None:
         """Release what the launcher holds (threads, files); the cluster stops the engines."""

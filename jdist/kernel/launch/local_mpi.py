@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from jdist.errors import ClusterError
 from jdist.procs import pid_alive, popen_alive
 from jdist.protocol import RankInfo
-from jdist.stacks import STACKS_SIGNAL, Frame, parse_faulthandler
+from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
 
 from .api import RankDeath, RankLauncher
 
@@ -246,6 +246,29 @@ class LocalMPILauncher(RankLauncher):
                     if frames:
                         out[r] = frames
         return {info["rank"]: out.get(info["rank"], []) for info in ranks}
+
+    def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
+        """SIGUSR2 by PID; each rank's guard thread writes ``rank-<r>.sample`` in the work folder."""
+        files = {}
+        for info in ranks:
+            path = self.work_dir / f"rank-{info['rank']}.sample"
+            path.unlink(missing_ok=True)  # the guard replaces it whole: its appearance is the answer
+            files[info["rank"]] = path
+            try:
+                os.kill(info["pid"], SAMPLE_SIGNAL)
+            except ProcessLookupError:
+                pass
+        out: dict[int, Sample] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < len(ranks) and time.monotonic() < deadline:
+            time.sleep(0.002)
+            for r, path in files.items():
+                if r not in out:
+                    try:
+                        out[r] = parse_sample(path.read_text())
+                    except FileNotFoundError:
+                        continue
+        return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
 
     def stop(self) -> None:
         self._ranks, self._deaths, self._unwatched = [], [], []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from jdist.plugins import backend_spec
-from jdist.stacks import describe
+from jdist.stacks import Sample, blocked
 
 from ..launch import RankDeath
 
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 #: After a rank failed, how long the others may go on before they are released.
 RELEASE_GRACE_S = 0.25
+#: How long the hang watchdog waits for the ranks' samples (answered in milliseconds; a rank
+#: that holds the GIL for longer is busy, not blocked in a collective, which releases it).
+SAMPLE_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -69,22 +72,49 @@ class PartialFailureDetector:
 
 
 class HangWatchdog:
-    """No progress (output, records, a rank finishing) for ``period`` seconds and every running
-    rank's stack waits in a collective: a hang (``--watchdog``; 0: off)."""
+    """A hang (``--watchdog``; 0: off): no progress (output, records, a rank finishing) for
+    ``period`` seconds, and every running rank proven blocked in a collective.
+
+    The proof compares two samples of each rank (:class:`jdist.stacks.Sample`) half a period
+    apart: the rank sat in the same collective all along, started no other, and used almost
+    no CPU (:func:`jdist.stacks.blocked`). A rank merely found inside a collective or a DDP
+    backward, as healthy training is most of the time, is never enough. Sampling starts once
+    the cell has been quiet for half the period and goes on every ``spacing`` seconds while it
+    stays quiet, so a hang is reported within ``period`` of its start (``period/2 + spacing``
+    when it starts late in a long quiet stretch).
+    """
 
     def __init__(self, period: float):
         self.period = period
+        self.spacing = min(1.0, period / 4)
+        self.history: list[tuple[float, dict[int, Sample]]] = []  # (taken at, samples), oldest first
+        self.quiet_since: float | None = None  # sup.last_progress while the history was taken
+        self.samples_taken = 0
 
     def poll(self, now: float, sup: CellSupervisor) -> Action | None:
-        if sup.releasing or not self.period or now - sup.last_progress < self.period:
+        if sup.releasing or not self.period:
             return None
-        sup.last_progress = now  # sample again one period later
+        if self.quiet_since != sup.last_progress:  # progress: earlier samples prove nothing now
+            self.history, self.quiet_since = [], sup.last_progress
+        quiet = now - sup.last_progress
+        if quiet < self.period / 2 or (self.history and now - self.history[-1][0] < self.spacing):
+            return None
         running = sup.view.running()
         if not running:
             return None
+        samples = sup.cluster.samples(running, timeout=SAMPLE_TIMEOUT_S)
+        self.samples_taken += 1
+        self.history.append((now, samples))
+        older = [i for i, (t, _) in enumerate(self.history) if now - t >= self.period / 2 - self.spacing / 2]
+        if not older:
+            return None
+        del self.history[:older[-1]]  # keep the newest sample old enough to compare with, and later ones
+        if quiet < self.period:
+            return None
+        base = self.history[0][1]
         spec = backend_spec(sup.cluster.config.backend)
-        waiting = {r: describe(frames, spec.backward_waits, spec.collective_paths)
-                   for r, frames in sup.cluster.stacks(running).items()}
+        waiting = {r: blocked(base.get(r), s, spec.backward_waits, spec.collective_paths, spec.spins)
+                   for r, s in samples.items()}
         if not all(waiting.values()):
             return None
         return Release("hang", {r: w for r, w in waiting.items() if w})

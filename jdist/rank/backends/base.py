@@ -221,6 +221,20 @@ class Backend(ABC):
         again; None: nothing to do (default: the model does not hold a group)."""
         return None
 
+    def collectives_started(self) -> str | None:
+        """A marker that changes whenever this rank starts a collective (the hang watchdog:
+        an unchanged marker on a rank sitting in a collective means it is not getting
+        anywhere). Called from the guard's thread; must not block. Default: the default
+        process group's sequence number, ``"t<n>"``."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        try:
+            return f"t{dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()}"
+        except RuntimeError:  # a group without sequence numbers
+            return None
+
     @abstractmethod
     def teardown(self) -> None:
         """Release the communication group; safe to call twice."""

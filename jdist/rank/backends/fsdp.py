@@ -93,7 +93,7 @@ class FSDPBackend(_torch.TorchBackend):
                 f"jdist.prepare: unknown option(s) for --backend fsdp: {', '.join(sorted(unknown))}. "
                 f"Known: {', '.join(MODEL_OPTIONS)}."
             )
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"mesh": self.mesh()}
         if "reshard_after_forward" in options:
             kwargs["reshard_after_forward"] = options["reshard_after_forward"]
         if options.get("param_dtype") is not None or options.get("reduce_dtype") is not None:
@@ -121,6 +121,17 @@ class FSDPBackend(_torch.TorchBackend):
         sharded = dict(model.named_parameters())
         model._jdist_param_remap = {pid: sharded[n] for pid, n in names.items() if n in sharded}
         return model
+
+    def mesh(self) -> Any:
+        """A 1-D mesh of all ranks over jdist's process group, on this rank's device type.
+
+        Always passed to ``fully_shard``: its default mesh is a CUDA mesh whenever CUDA exists,
+        which breaks CPU ranks on a GPU machine ("Expected all tensors to be on the same device").
+        """
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh.from_group(dist.distributed_c10d._get_default_group(), self.require_ctx().device_kind)
 
     def prepare_optimizer(self, optimizer: Any, model: Any = None, **options: Any) -> Any:
         """Point the optimizer at the sharded parameters (fully_shard replaces them)."""

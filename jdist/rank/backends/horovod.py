@@ -18,6 +18,7 @@ before any rank starts (``jdist.plugins.HOROVOD``).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -56,6 +57,15 @@ class HorovodBackend(_torch.TorchBackend):
         # a torch.distributed group as well, so cell code written for ddp (dist.all_reduce of
         # metrics, DistributedSampler) runs unchanged
         super().setup(ctx, timer)
+
+    def collectives_started(self) -> str | None:
+        """The torch group's marker plus Horovod's newest outstanding handle (handles only grow)."""
+        ops = sys.modules.get("horovod.torch.mpi_ops")
+        try:
+            newest = max(ops._handle_map, default=-1) if ops is not None else -1
+        except RuntimeError:  # the map changed while read: a new operation, so progress
+            return None
+        return f"{super().collectives_started()},h{newest}"
 
     def prepare_model(self, model: Any, **options: Any) -> Any:
         ctx = self.require_ctx()
