@@ -295,6 +295,57 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+#: The goals of issue 11, printed beside the measured figures (docs/benchmarks.md).
+TARGETS = {
+    "step_ratio": 1.03,        # per-step time, jdist.log every step + dashboard, / torchrun
+    "kernel_cpu_pct": 5.0,     # kernel CPU during a training cell, % of one core
+    "cold_start_s": 4.0,       # first %%distributed -n 2 cell
+    "stop_s": 1.0,             # %dist stop
+    "log_call_us": 10.0,       # one jdist.log call on a rank (the hot path)
+}
+
+
+def log_call_cost(calls: int = 20000) -> dict[str, float]:
+    """One ``jdist.log(step=, loss=)`` call, in µs: the median of 5 runs of ``calls`` calls on
+    one process's rank session (records go to a list; batches are filled and "sent" every 0.1 s
+    as on a rank)."""
+    import jdist
+    from jdist.rank.session import local_session
+
+    runs = []
+    with local_session():
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for i in range(calls):
+                jdist.log(step=i, loss=0.5)
+            runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return {"median_us": statistics.median(runs), "min_us": min(runs), "max_us": max(runs)}
+
+
+def print_targets(res: dict[str, Any]) -> None:
+    """Each goal beside the figure measured in this run."""
+    steps, cold = res["steps"], res["cold"]
+    ratio = steps["jdist_log"]["paired_ratio"]["median"]
+    cell = steps["jdist_log"]["cell_wall_s"]["median"]
+    kernel_pct = 100 * steps["jdist_log"]["kernel_cpu_s"]["median"] / cell
+    rows = [
+        ("step time ratio, jdist.log every step + dashboard / torchrun", f"{ratio:.2f}x",
+         f"<= {TARGETS['step_ratio']:.2f}x", ratio <= TARGETS["step_ratio"]),
+        ("kernel CPU during the training cell, % of one core", f"{kernel_pct:.1f} %",
+         f"<= {TARGETS['kernel_cpu_pct']:.0f} %", kernel_pct <= TARGETS["kernel_cpu_pct"]),
+        (f"first %%distributed -n {RANKS} cell (cold start)", f"{cold['cold_start_s']:.2f} s",
+         f"<= {TARGETS['cold_start_s']:.0f} s", cold["cold_start_s"] <= TARGETS["cold_start_s"]),
+        ("%dist stop", f"{cold['stop_s']:.2f} s", f"<= {TARGETS['stop_s']:.0f} s", cold["stop_s"] <= TARGETS["stop_s"]),
+        ("one jdist.log call on a rank (median of 5 x 20000)", f"{res['log_call']['median_us']:.1f} us",
+         f"<= {TARGETS['log_call_us']:.0f} us", res["log_call"]["median_us"] <= TARGETS["log_call_us"]),
+    ]
+    print("Targets (issue 11) beside this run's figures:")
+    print(f"   {'figure':<64}{'measured':>12}{'target':>12}  met")
+    for name, measured, target, met in rows:
+        print(f"   {name:<64}{measured:>12}{target:>12}  {'yes' if met else 'NO'}")
+    print()
+
+
 def ms(x: float) -> str:
     return f"{x * 1e3:8.2f}"
 
@@ -363,6 +414,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"   {label:<42}{ms(d['min'])}{ms(d['median']):>9}{ms(d['p90']):>9}")
     print(f"   ratio %%distributed / %%px (medians): {e['distributed']['median'] / e['px']['median']:.2f}x")
     print()
+    print_targets(res)
     print(f"total benchmark time: {res['total_s']:.1f} s")
 
 
@@ -478,6 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                          for h in hists])
         steps[v] = entry
     res["steps"] = steps
+    res["log_call"] = log_call_cost()
     res["total_s"] = time.perf_counter() - t_start
     print_report(res)
     for v in JDIST_VARIANTS:

@@ -73,6 +73,67 @@ def test_records_are_numbered_batched_and_counted_at_the_cell_end():
         assert s.stream.records(s.stream.cell - 1, [1]) == []  # an earlier cell's are gone
 
 
+def test_the_hot_path_only_records_memory_is_read_once_per_batch(monkeypatch):
+    reads = []
+    real = Memory.read
+    monkeypatch.setattr(Memory, "read", lambda self, s: reads.append(1) or real(self, s))
+    ch = ListChannel()
+    with local_session(ch) as s:
+        s.stream.flush_interval = 3600
+        for step in range(100):
+            jdist.log(step=step, loss=0.5)
+        assert reads == []  # no /proc read, no CUDA query in jdist.log
+        end = s.end_cell()
+    assert len(reads) == 1
+    assert len({(r["mem_bytes"], r["mem_peak_bytes"]) for r in end["records"]}) == 1 and end["records"][0]["mem_bytes"] > 0
+
+
+class FakeCudaEvent:
+    """Stands in for ``torch.cuda.Event(enable_timing=True)``: CUDA cannot exist on this CPU-only machine."""
+
+    def __init__(self, t: float, done: bool = True):
+        self.t, self.done, self.waited = t, done, 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited += 1
+        self.done = True
+
+    def elapsed_time(self, end: "FakeCudaEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+
+def test_cuda_comm_events_are_read_once_complete_and_never_waited_for_during_a_cell():
+    import time
+
+    ch = ListChannel()
+    with local_session(ch) as s:
+        s.stream.flush_interval = 0  # a batch at every log
+        sent = lambda: [(r["step"], r["comm_time_s"]) for m in ch.messages for r in m["records"]]  # noqa: E731
+        s.timer.record_cuda(FakeCudaEvent(0.0), FakeCudaEvent(0.002))
+        time.sleep(0.01)
+        jdist.log(step=0)
+        assert sent() == [(0, pytest.approx(0.002))]
+        late = FakeCudaEvent(0.004, done=False)  # the GPU has not reached the end of this all-reduce
+        s.timer.record_cuda(FakeCudaEvent(0.0), late)
+        time.sleep(0.01)
+        jdist.log(step=1)
+        jdist.log(step=2)  # no communication, but it comes after step 1
+        assert [step for step, _ in sent()] == [0]  # both wait; nothing waited for the GPU
+        late.done = True
+        jdist.log(step=3)
+        assert [step for step, _ in sent()] == [0, 1, 2, 3] and sent()[1][1] == pytest.approx(0.004)
+        assert late.waited == 0
+        pending = FakeCudaEvent(0.001, done=False)
+        s.timer.record_cuda(FakeCudaEvent(0.0), pending)
+        jdist.log(step=4)
+        end = s.end_cell()  # the cell's end waits for what is still running
+    assert pending.waited == 1 and [r["step"] for r in end["records"]] == [4]
+    assert end["records"][0]["compute_time_s"] == pytest.approx(end["records"][0]["step_time_s"] - end["records"][0]["comm_time_s"])
+
+
 def test_reserved_names_and_batch_size_give_samples_per_s():
     with local_session() as s:
         with pytest.raises(ValueError, match="reserved metric name"):

@@ -98,7 +98,7 @@ def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
     cluster_kernel.run(
         "%%distributed\n"
         "_stream = jdist.rank.session().stream\n"
-        "_stream.flush = lambda now, channel: _stream.pending.clear()\n"
+        "_stream.flush = lambda *args: _stream.pending.clear()\n"
         "for step in range(25):\n"
         "    jdist.log(step=step, x=float(step))\n"
         "    if step % 5 == 0: __import__('time').sleep(0.12)\n"
@@ -113,7 +113,7 @@ def test_records_beyond_what_ranks_keep_are_reported_lost(cluster_kernel):
     try:
         out = cluster_kernel.run(
             "%%distributed\n"
-            "_stream.flush = lambda now, channel: _stream.pending.clear()\n"
+            "_stream.flush = lambda *args: _stream.pending.clear()\n"
             "for step in range(20):\n"
             "    jdist.log(step=step, x=1.0)\n"
             "_stream.pending.clear()\n"

@@ -8,7 +8,7 @@ when it is called outside a ``%%distributed`` cell. It owns:
 * ``backend`` and ``spec``: the training backend and its metadata (:class:`jdist.plugins.BackendSpec`);
 * ``channel``: where messages to the kernel go (:mod:`jdist.rank.channel`);
 * ``stream``: the cell's records, batched and numbered (:mod:`jdist.rank.stream`);
-* ``sources``: what adds the automatic metrics to each record (:mod:`jdist.rank.sources`);
+* ``sources``: what adds the automatic metrics to the records (:mod:`jdist.rank.sources`);
 * ``train``: the training state of :mod:`jdist.rank.training` (precision, accumulation, what was prepared);
 * ``log_hooks``: called with every logged record (automatic checkpoints register one);
 * ``guard``: stack dumps and the release of blocked collectives (:mod:`jdist.rank.guard`).
@@ -92,18 +92,31 @@ class RankSession:
 
     def end_cell(self) -> CellEndMessage:
         """A cell ended (``post_run_cell``): the rest of its records and their count go to the kernel."""
+        self._complete(self.stream.pending, time.perf_counter(), final=True)
         message = self.stream.end_cell()
         self.channel.publish(message)
         return message
 
     def log(self, rec: Record) -> None:
-        """Add the automatic metrics to ``rec``, queue it for the kernel and run the log hooks."""
+        """Add the per-step metrics to ``rec``, queue it for the kernel and run the log hooks.
+
+        The hot path: clock reads and counters only. What needs a device or system query is
+        filled in once per batch, when a batch is due (:meth:`RecordStream.add`).
+        """
         now = time.perf_counter()
         for source in self.sources:
             source.sample(self, rec, now)
-        self.stream.add(rec, now, self.channel)
+        if self.stream.add(rec, now):
+            self.stream.flush(now, self.channel, self._complete(self.stream.pending, now, final=False))
         for hook in list(self.log_hooks.values()):
             hook(rec)
+
+    def _complete(self, batch: list[Record], now: float, final: bool) -> int:
+        """Let every source fill in ``batch``; how many of its first records are complete."""
+        ready = len(batch)
+        for source in self.sources:
+            ready = min(ready, source.publish(self, batch, now, final))
+        return ready
 
     def publish(self, message: Any) -> None:
         self.channel.publish(message)

@@ -6,12 +6,17 @@ cell's end, together with the cell's record count, so the kernel can check that 
 and fetch any that were (:meth:`RecordStream.records`). To bound a rank's memory in long cells
 it keeps the first :attr:`keep_first` and the latest :attr:`keep_last` records of a cell.
 
+Adding a record is all a step pays for (an append and a clock comparison); the session
+publishes a batch when :meth:`RecordStream.add` says one is due, after the metric sources
+filled in what is read once per batch (:mod:`jdist.rank.sources`).
+
 Example:
     >>> from jdist.rank.channel import ListChannel
     >>> stream, ch = RecordStream(), ListChannel()
     >>> stream.begin_cell(now=0.0)
     >>> for seq in range(3):
-    ...     stream.add({"rank": 0, "cell": stream.cell, "seq": stream.seq, "step": seq}, now=0.05 * seq, channel=ch)
+    ...     if stream.add({"rank": 0, "cell": stream.cell, "seq": stream.seq, "step": seq}, now=0.05 * seq):
+    ...         stream.flush(0.05 * seq, ch)
     >>> [len(m["records"]) for m in ch.messages], stream.end_cell()["count"]   # one batch when 0.1 s passed
     ([3], 3)
 """
@@ -48,18 +53,19 @@ class RecordStream:
         self.first, self.latest, self.pending = [], deque(maxlen=self.keep_last), []
         self.last_flush = now
 
-    def add(self, rec: Record, now: float, channel: Any) -> None:
-        """Queue ``rec`` (it already has this cell's next ``seq``); publish the batch when due."""
+    def add(self, rec: Record, now: float) -> bool:
+        """Queue ``rec`` (it already has this cell's next ``seq``); True when a batch is due."""
         self.seq += 1
         (self.first if len(self.first) < self.keep_first else self.latest).append(rec)
         self.pending.append(rec)
-        if now - self.last_flush >= self.flush_interval:
-            self.flush(now, channel)
+        return now - self.last_flush >= self.flush_interval
 
-    def flush(self, now: float, channel: Any) -> None:
+    def flush(self, now: float, channel: Any, ready: int | None = None) -> None:
+        """Publish the first ``ready`` pending records (default: all); the rest wait for the next batch."""
         self.last_flush = now
-        if self.pending:
-            batch, self.pending = self.pending, []
+        count = len(self.pending) if ready is None else ready
+        if count:
+            batch, self.pending = self.pending[:count], self.pending[count:]
             channel.publish(RecordsMessage(v=PROTOCOL_VERSION, kind="records", cell=self.cell, records=batch))
 
     def progress(self, total_steps: int | None) -> ProgressMessage:

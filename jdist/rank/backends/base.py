@@ -70,9 +70,9 @@ class RankContext:
 class CommTimer:
     """Collects communication intervals and turns them into time per step.
 
-    CPU: wall-clock intervals (``time.perf_counter``), merged so overlapping
-    buckets are not counted twice. CUDA: pairs of timing events, summed once
-    they completed (read lazily, so the hot path never synchronises).
+    CPU: wall-clock intervals (``time.perf_counter``), merged so overlapping buckets are not
+    counted twice. CUDA: pairs of timing events, handed out unread (:meth:`take_events`) and
+    read once they completed, at publish time, so no step ever waits for the GPU.
 
     >>> t = CommTimer(); t.record(1.0, 1.5); t.record(1.25, 2.0)
     >>> t.take()
@@ -93,9 +93,8 @@ class CommTimer:
         self._events.append((start_event, end_event))
 
     def take(self) -> float:
-        """Seconds of communication recorded since the last call, then reset."""
+        """Seconds of wall-clock communication recorded since the last call, then reset."""
         intervals, self._intervals = self._intervals, []
-        events, self._events = self._events, []
         total = 0.0
         end_so_far = float("-inf")
         for start, end in sorted(intervals):
@@ -103,10 +102,25 @@ class CommTimer:
             if end > start:
                 total += end - start
                 end_so_far = end
-        for start_ev, end_ev in events:
-            end_ev.synchronize()
-            total += start_ev.elapsed_time(end_ev) / 1e3
         return total
+
+    def take_events(self) -> list[tuple[Any, Any]]:
+        """The CUDA event pairs recorded since the last call, unread (see :func:`events_seconds`)."""
+        events, self._events = self._events, []
+        return events
+
+
+def events_seconds(events: list[tuple[Any, Any]], wait: bool = False) -> float | None:
+    """Seconds between each pair of CUDA events, summed; None while one has not completed
+    (``wait``: wait for them instead, as at the end of a cell)."""
+    total = 0.0
+    for start, end in events:
+        if not end.query():
+            if not wait:
+                return None
+            end.synchronize()
+        total += start.elapsed_time(end) / 1e3
+    return total
 
 
 class Backend(ABC):
