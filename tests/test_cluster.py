@@ -115,7 +115,13 @@ def test_stop_ends_every_rank_process():
     pids = [r["pid"] for r in c.ranks]
     assert all(_alive(p) for p in pids)
     profile_dir, cluster_id, work_dir = c.ipp.profile_dir, c.ipp.cluster_id, c.work_dir
+    mpiexec = [el.process.pid for el in c.launcher.engine_launchers()]
+    launcher, by_themselves = c.launcher, []
+    real = launcher.ranks_ended
+    launcher.ranks_ended = lambda: (by_themselves.append(True), real())[1]
     c.stop()
+    assert by_themselves == [True]  # idle ranks end their own processes (fast), nobody is signalled first
+    wait_for(lambda: not any(_alive(p) for p in mpiexec), what="mpiexec to end")
     leftovers = [p for p in Path(profile_dir).rglob("*") if cluster_id in p.name]
     assert leftovers == [], "stop leaves no files of the cluster behind"
     assert not work_dir.exists()

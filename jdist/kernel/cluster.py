@@ -76,6 +76,9 @@ HEARTBEAT_MS = 500
 #: Missed pings before the controller drops an engine: 60 x 500 ms keeps ipyparallel's default
 #: tolerance (10 x 3000 ms = 30 s) for a rank whose machine is busy.
 HEARTBEAT_MISSES = 60
+#: On stop, how long idle ranks get to end their processes themselves (they take ~0.05 s) before
+#: ipyparallel's launcher sends SIGTERM (an engine's own shutdown on SIGTERM takes about a second).
+EXIT_WAIT_S = 2.0
 
 
 class ClusterSession:
@@ -217,11 +220,16 @@ class ClusterSession:
         atexit.unregister(self.stop)
         statefile.remove(self.state_file)
         self.state_file = None
-        self.ranks, self._engine_of_rank = [], {}
+        n_ranks, self.ranks, self._engine_of_rank = len(self.ranks), [], {}
         work_dir, self.work_dir = self.work_dir, None
         if client is not None:
             try:
                 client[:].apply_async(RankCall("teardown")).get(timeout=5)
+                # idle ranks end their processes themselves, at once (no reply comes back; the
+                # client stays open until they did, or the request could be dropped unsent)
+                client[:].apply_async(RankCall("exit_process"))
+                if launcher is not None and launcher.wait_ended(n_ranks, EXIT_WAIT_S):
+                    launcher.ranks_ended()  # else ipyparallel's SIGTERM below ends them, slowly
             except Exception:
                 pass  # engines may be dead or busy; stopping them below releases everything
             client.close()

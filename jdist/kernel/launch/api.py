@@ -14,6 +14,7 @@ Launchers are found by name through the ``jdist.launchers`` entry points
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,20 @@ class RankLauncher(ABC):
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """Each rank's :class:`~jdist.stacks.Sample` from its guard thread (safe at any rate: the
         hang watchdog); ranks that did not answer within ``timeout`` map to an empty Sample."""
+
+    def wait_ended(self, ranks: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until all ``ranks`` rank processes have ended by themselves
+        (:meth:`deaths`); whether they did."""
+        deadline = time.monotonic() + timeout
+        while len(self.deaths()) < ranks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def ranks_ended(self) -> None:
+        """Every rank process ended by itself (the cluster is stopping): end whatever only waits
+        to notice. Default: nothing; the cluster then stops the engine launchers as usual."""
 
     def stop(self) -> None:
         """Release what the launcher holds (threads, files); the cluster stops the engines."""

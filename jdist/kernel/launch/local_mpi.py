@@ -270,5 +270,14 @@ class LocalMPILauncher(RankLauncher):
                         continue
         return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
 
+    def ranks_ended(self) -> None:
+        """mpiexec's process manager takes about a second to notice that its ranks are gone;
+        nothing of the job is left to wait for, so it is ended at once."""
+        for launcher in self.engine_launchers():
+            try:
+                launcher.signal(signal.SIGKILL)
+            except Exception:  # already gone
+                pass
+
     def stop(self) -> None:
         self._ranks, self._deaths, self._unwatched = [], [], []
