@@ -26,7 +26,7 @@ Frame = tuple[str, int, str]
 
 #: The signal that makes a rank dump its stacks (the rank's guard registers faulthandler on it;
 #: a launcher sends it). The dump works in any state, even with the GIL held, but reading other
-#: threads from a signal handler can crash a busy process (about once in 5000 dumps during DDP
+#: threads from a signal handler can crash a busy process (about once in 4000 dumps during DDP
 #: training, measured): it is for ``%dist stacks`` and ranks that are stuck, never for sampling.
 STACKS_SIGNAL = signal.SIGUSR1
 #: The signal that asks a rank's guard thread for a :class:`Sample` (its main thread's frames and
