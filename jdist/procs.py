@@ -3,7 +3,8 @@
 A PID alone can be reused by another process: a process is identified by its PID and its start
 time (:func:`identity`), and :func:`alive` checks both. Used by the kernel (its own processes),
 the ranks (is the kernel that owns them still there?) and the server (are a cluster's kernel
-and controller still there?). Nothing here signals a process.
+and controller still there?). Nothing here signals a process. :func:`mpi_shm_segments` finds
+what an MPI job leaves in ``/dev/shm`` if its ranks end without ``MPI_Finalize``.
 
 Example:
     >>> import os
@@ -15,7 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Sequence
 
 from jdist.protocol import ProcessIdentity
 
@@ -69,3 +71,28 @@ def popen_alive(proc: Any) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def mpi_shm_segments(pids: Sequence[int]) -> set[str]:
+    """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) these processes have open.
+
+    ``MPI_Finalize`` removes them; a job whose ranks were killed, or exited without it, leaves
+    them (2 MB each), and a later job whose segment gets the same name hangs in ``MPI_Init``.
+
+    >>> mpi_shm_segments([os.getpid()])   # this process runs no MPI job
+    set()
+    """
+    found = set()
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/mpich_shm_") and not target.endswith(" (deleted)"):
+                found.add(target)
+    return found

@@ -4,6 +4,7 @@ directly) with the local MPI launcher (jdist.kernel.launch.local_mpi)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from jdist.errors import ClusterError
 from jdist.kernel.cluster import ClusterSession
 from jdist.kernel.launch import local_mpi
 from jdist.kernel.launch.local_mpi import mpiexec_path
+from jdist.procs import mpi_shm_segments
 from jdist.kernel.probes import probe, visible_gpus
 from jdist.options import ClusterConfig
 
@@ -128,6 +130,23 @@ def test_stop_ends_every_rank_process():
     wait_for(lambda: not any(_alive(p) for p in pids), what="the rank processes to end")
     assert not c.running
     c.stop()  # idempotent
+
+
+@pytest.mark.cluster
+def test_a_killed_job_leaves_no_shared_memory_segment():
+    # MPICH removes its /dev/shm segment in MPI_Finalize; a killed rank cannot. A later job whose
+    # segment got the same name hung in MPI_Init (seen here, with 267 stale segments in /dev/shm).
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    c.start()
+    try:
+        segments = mpi_shm_segments([r["pid"] for r in c.ranks])
+        assert segments, "the ranks share an MPICH shared-memory segment"
+        os.kill(c.ranks[1]["pid"], signal.SIGKILL)
+        wait_for(lambda: c.dead_ranks(), what="the killed rank to be seen")
+        assert all(os.path.exists(p) for p in segments)  # nobody finalized MPI
+    finally:
+        c.stop()
+    assert not any(os.path.exists(p) for p in segments)
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,7 @@ def _watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> 
             time.sleep(interval)
         if stop_controller and alive(controller):
             psutil.Process(int(pid)).terminate()
+        _unlink_mpi_shm()
         os._exit(0)
 
     threading.Thread(target=watch, name="jdist-owner-watch", daemon=True).start()
@@ -167,7 +168,20 @@ def exit_process() -> None:
             stream.flush()
         except Exception:
             pass
+    _unlink_mpi_shm()  # MPI_Finalize did, unless a rank was busy
     os._exit(0)
+
+
+def _unlink_mpi_shm() -> None:
+    """Remove the names of this job's MPICH shared-memory segments before exiting without
+    ``MPI_Finalize`` (see :func:`jdist.procs.mpi_shm_segments`); mappings stay valid."""
+    from jdist.procs import mpi_shm_segments
+
+    for path in mpi_shm_segments([os.getpid()]):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def info() -> RankInfo:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.errors import ClusterError
-from jdist.procs import pid_alive, popen_alive
+from jdist.procs import mpi_shm_segments, pid_alive, popen_alive
 from jdist.protocol import RankInfo
 from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
 
@@ -127,6 +127,7 @@ class LocalMPILauncher(RankLauncher):
         super().__init__(config, work_dir)
         self._ranks: list[RankInfo] = []
         self._deaths: list[int] = []  # ranks whose process ended, in order (filled by the watch thread)
+        self._shm: set[str] = set()  # the job's MPI shared-memory segments (removed at stop)
         self._unwatched: list[RankInfo] = []  # ranks without a pidfd (checked by PID)
         self._oom_before: int | None = None
 
@@ -166,6 +167,7 @@ class LocalMPILauncher(RankLauncher):
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         """A thread waits on pidfds of the ranks and notes which ends first."""
         self._ranks = list(ranks)
+        self._shm = mpi_shm_segments([info["pid"] for info in ranks])
         fds = {}
         self._deaths, self._unwatched = [], []
         for info in ranks:
@@ -281,3 +283,12 @@ class LocalMPILauncher(RankLauncher):
 
     def stop(self) -> None:
         self._ranks, self._deaths, self._unwatched = [], [], []
+        # MPICH unlinks its shared-memory segment in MPI_Finalize; a job whose ranks were killed
+        # leaves it in /dev/shm (2 MB each), and a later job whose segment gets the same name
+        # hangs in MPI_Init. The segments were noted at watch(); the job has ended by now.
+        for path in self._shm:
+            try:
+                os.unlink(path)
+            except OSError:  # already removed by MPI_Finalize
+                pass
+        self._shm = set()
