@@ -20,14 +20,28 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 #: Shown after a fault in which the rank processes died.
 DEAD_HINT = (
     "The rank processes died (MPI ends the whole job when one rank exits or is killed). "
     "Run %dist restart to start fresh ranks; their variables are lost."
 )
+
+
+def need(module: str, what: str, extra: str) -> Any:
+    """``import module``, or one ImportError line naming the extra that installs it.
+
+    >>> need("no_such_module_here", "jdist.Thing", "hf")
+    Traceback (most recent call last):
+    ImportError: jdist.Thing needs no_such_module_here: pip install 'jdist[hf]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs {module.split('.')[0]}: pip install 'jdist[{extra}]'") from None
 
 
 def usage_error(message: str) -> Exception:

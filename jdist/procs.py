@@ -73,6 +73,25 @@ def popen_alive(proc: Any) -> bool:
         return False
 
 
+def open_files(pid: int) -> dict[int, str]:
+    """What each file descriptor of process ``pid`` refers to (``/proc/<pid>/fd``; {} if gone).
+
+    >>> any(t.startswith("/") or ":" in t for t in open_files(os.getpid()).values())
+    True
+    """
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        try:
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:  # closed meanwhile
+            continue
+    return out
+
+
 def mpi_shm_segments(pids: Sequence[int]) -> set[str]:
     """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) these processes have open.
 
@@ -82,17 +101,5 @@ def mpi_shm_segments(pids: Sequence[int]) -> set[str]:
     >>> mpi_shm_segments([os.getpid()])   # this process runs no MPI job
     set()
     """
-    found = set()
-    for pid in pids:
-        try:
-            names = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            if target.startswith("/dev/shm/mpich_shm_") and not target.endswith(" (deleted)"):
-                found.add(target)
-    return found
+    return {target for pid in pids for target in open_files(pid).values()
+            if target.startswith("/dev/shm/mpich_shm_") and not target.endswith(" (deleted)")}

@@ -15,9 +15,9 @@ from jdist.errors import ClusterError
 from jdist.kernel.cluster import ClusterSession
 from jdist.kernel.launch import local_mpi
 from jdist.kernel.launch.local_mpi import mpiexec_path
-from jdist.procs import mpi_shm_segments
 from jdist.kernel.probes import probe, visible_gpus
 from jdist.options import ClusterConfig
+from jdist.procs import mpi_shm_segments
 
 
 @pytest.fixture(autouse=True)

@@ -35,20 +35,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from jdist.errors import need
 from jdist.protocol import RECORD_KEYS, Record
 
 if TYPE_CHECKING:
     from .records import Run
-
-
-def need(module: str, what: str) -> Any:
-    """``import module``, or one ImportError line naming the extra that installs it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"{what} needs {module.split('.')[0]}: pip install 'jdist[tracking]'") from None
 
 
 def params(run: Run) -> dict[str, str | int | float | bool]:
@@ -115,7 +106,7 @@ class TensorBoardWriter:
     """Writes a run to ``<logdir>/<run_id>/{mean,rank0,...}`` as TensorBoard event files."""
 
     def __init__(self, logdir: str | Path, run: Run):
-        need("tensorboard", "TensorBoard export")
+        need("tensorboard", "TensorBoard export", "tracking")
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._writer_class = EventFileWriter
@@ -182,7 +173,7 @@ class MLflowWriter:
 
     def __init__(self, run: Run, tracking_uri: str | None = None, experiment: str = "jdist",
                  run_name: str | None = None):
-        need("mlflow", "MLflow export")
+        need("mlflow", "MLflow export", "tracking")
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Callable
 
+from jdist.procs import open_files
 from jdist.stacks import (
     COLLECTIVE_PATHS,
     SAMPLE_SIGNAL,
@@ -202,14 +203,7 @@ def progress(marker: Callable[[], str | None] | None = None) -> Progress:
 
 def socket_fds() -> set[int]:
     """File descriptors of this process that are sockets."""
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                fds.add(int(name))
-        except OSError:
-            continue
-    return fds
+    return {fd for fd, target in open_files(os.getpid()).items() if target.startswith("socket:")}
 
 
 class _borrow:

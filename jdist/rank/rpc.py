@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import sys
+import threading
 import time
 from typing import Any
 

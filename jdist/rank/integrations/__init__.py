@@ -14,17 +14,8 @@ Each module imports its framework; without it the import is one line naming the 
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any
-
-
-def need(module: str, name: str, extra: str) -> Any:
-    """``import module``, or one ImportError line naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"jdist.{name} needs {module.split('.')[0]}: pip install 'jdist[{extra}]'") from None
 
 
 def scalars(values: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, float]:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import need, scalars
+from jdist.errors import need
 
-_tracking = need("accelerate.tracking", "AccelerateTracker", "hf")
+from . import scalars
+
+_tracking = need("accelerate.tracking", "jdist.AccelerateTracker", "hf")
 
 
 class AccelerateTracker(_tracking.GeneralTracker):

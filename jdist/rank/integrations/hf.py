@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import need, scalars
+from jdist.errors import need
 
-_transformers = need("transformers", "HFCallback", "hf")
+from . import scalars
+
+_transformers = need("transformers", "jdist.HFCallback", "hf")
 
 #: Keys of the summary the Trainer logs once at the end of training (not a step's values).
 SUMMARY = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss")

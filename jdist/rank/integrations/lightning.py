@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import need, scalars
+from jdist.errors import need
+
+from . import scalars
 
 try:  # the lightning package, or the older pytorch_lightning
     import lightning.pytorch as _pl
@@ -21,7 +23,7 @@ except ImportError:
     try:
         import pytorch_lightning as _pl
     except ImportError:
-        _pl = need("lightning", "LightningCallback", "lightning")
+        _pl = need("lightning", "jdist.LightningCallback", "lightning")
 
 
 class LightningCallback(_pl.Callback):
