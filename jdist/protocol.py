@@ -390,10 +390,43 @@ class ActionResult(TypedDict):
     message: str
 
 
+class LiveLine(TypedDict):
+    """One line series' new points in a :class:`LivePoints` message: ``n`` points whose columns
+    (x, y, then low and high when ``band``) are the message's next float64 buffers (NaN: no value).
+    ``reset``: drop the series' points first; ``replace_from``: drop its points at x >= it first."""
+
+    panel: str
+    series: str
+    n: int
+    band: bool
+    reset: bool
+    replace_from: float | None
+
+
+class LivePoints(TypedDict):
+    """Kernel -> browser, the live notebook dashboard's custom widget message: new line points.
+    ``seq`` counts the messages of one dashboard from 0 (the browser notes a gap)."""
+
+    type: Literal["points"]
+    seq: int
+    lines: list[LiveLine]
+
+
+class DashboardHead(TypedDict):
+    """The live notebook dashboard's header and progress line (a widget trait)."""
+
+    title: str
+    status: str
+    problem: str | None
+    done: int
+    total: int | None
+    progress: str
+
+
 #: The REST models, in the order the TypeScript file declares them.
 REST_MODELS: tuple[Any, ...] = (
     RankModel, OptionModel, ClusterModel, ClustersReply, Sparks, RunHeadModel, RunSummaryModel, RunsReply,
-    LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult,
+    LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead,
 )
 #: Type aliases of the REST models: (TypeScript name, Python type).
 REST_ALIASES: tuple[tuple[str, Any], ...] = (

@@ -1,20 +1,20 @@
 """The notebook dashboard (jdist.kernel.dashboard) and the panels it draws (jdist.metrics.panels),
-with real ipywidgets/plotly objects, matplotlib, and a real kernel."""
+with real ipywidgets/anywidget objects and a real kernel (the browser side: tests/test_browser.py)."""
 
 from __future__ import annotations
 
-import base64
-import io
-import statistics
+import json
+import math
 import subprocess
 import sys
 import threading
+import xml.etree.ElementTree as ET
+from array import array
 from pathlib import Path
 
 import pytest
-from ipywidgets import Widget
 
-from jdist.kernel.dashboard import Dashboard, render_png, static_bundle, static_figure
+from jdist.kernel.dashboard import Dashboard, charts_lib, render_svg, static_bundle
 from jdist.metrics import Run
 from jdist.metrics.panels import MAX_POINTS, PANELS, panels
 
@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 RANKS, STEPS = 2, 30
 MIB = 2**20
 BLUE, ORANGE, GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def values(rank: int, step: int) -> dict[str, float]:
@@ -54,15 +55,54 @@ def mean(xs):
     return sum(xs) / len(xs)
 
 
-def widget_tree(w: Widget) -> list[Widget]:
-    """``w``, its children, and their ipywidgets layouts and styles (not plotly's layout)."""
-    found = [w]
-    for part in (getattr(w, "layout", None), getattr(w, "style", None)):
-        if isinstance(part, Widget):
-            found.append(part)
-    for child in getattr(w, "children", ()):
-        found += widget_tree(child)
-    return found
+def panel(run_or_dash, key: str) -> dict:
+    """A panel of the run as the full data (what the static summary and the sidebar draw)."""
+    run = run_or_dash.run if isinstance(run_or_dash, Dashboard) else run_or_dash
+    return next(p for p in panels(run) if p["key"] == key)
+
+
+def whole(dash: Dashboard, key: str) -> dict:
+    """A panel the live widget received whole (the bar panels)."""
+    return next(p for p in dash.widget.whole if p["key"] == key)
+
+
+def svg_panels(svg: str) -> dict[str, ET.Element]:
+    root = ET.fromstring(svg)
+    return {g.get("data-panel"): g for g in root.iter(f"{SVG}g") if g.get("class") == "panel"}
+
+
+class Sent:
+    """The custom messages a dashboard widget sends (the widget's real ``send``, recorded)."""
+
+    def __init__(self, dash: Dashboard, monkeypatch) -> None:
+        self.messages: list[tuple[dict, list[bytes]]] = []
+        real = dash.widget.send
+
+        def send(content, buffers=None):
+            self.messages.append((content, list(buffers or [])))
+            return real(content, buffers)
+
+        monkeypatch.setattr(dash.widget, "send", send)
+
+    def columns(self, key: str) -> dict[str, list[float]]:
+        """The points of one line panel decoded from the messages, as labextension/src/notebook.ts does."""
+        out: dict[str, list[float]] = {"x": [], "y": [], "low": [], "high": []}
+        for content, buffers in self.messages:
+            b = 0
+            for line in content["lines"]:
+                names = ["x", "y"] + (["low", "high"] if line["band"] else [])
+                cols = {}
+                for name in names:
+                    cols[name] = list(array("d", buffers[b]))
+                    assert len(cols[name]) == line["n"]
+                    b += 1
+                if line["panel"] != key:
+                    continue
+                if line["reset"]:
+                    out = {k: [] for k in out}
+                for name in names:
+                    out[name] += cols[name]
+        return out
 
 
 @pytest.fixture
@@ -73,98 +113,90 @@ def dash():
     d.finish()
 
 
-def band(d: Dashboard):
-    mean = "mean over ranks"
-    return d.trace("loss", mean, "low"), d.trace("loss", mean, "high"), d.trace("loss", mean)
-
-
 def test_loss_band_and_mean(dash):
-    lo, hi, avg = band(dash)
     per_step = [[values(r, s)["loss"] for r in range(RANKS)] for s in range(STEPS)]
-    assert list(avg.x) == list(range(STEPS))
-    assert list(avg.y) == pytest.approx([mean(v) for v in per_step])
-    assert list(lo.y) == pytest.approx([min(v) for v in per_step])
-    assert list(hi.y) == pytest.approx([max(v) for v in per_step])
-    assert hi.fill == "tonexty" and lo.fill in (None, "none")
-    assert dash.figure.layout.annotations[0].text == "loss"
+    pts = dash.points("loss")
+    assert pts["x"] == list(range(STEPS))
+    assert pts["y"] == pytest.approx([mean(v) for v in per_step])
+    assert pts["low"] == pytest.approx([min(v) for v in per_step])
+    assert pts["high"] == pytest.approx([max(v) for v in per_step])
+    s = panel(dash, "loss")["series"][0]
+    assert (s["x"], s["y"], s["low"], s["high"]) == (pts["x"], pts["y"], pts["low"], pts["high"])
+    assert dash.widget.layout[0]["title"] == "loss" and dash.widget.layout[0]["series"][0]["x"] == []
 
 
 def test_step_time_bars_per_rank(dash):
-    compute, comm = dash.trace("time", "compute"), dash.trace("time", "communication")
-    assert list(compute.x) == ["rank 0", "rank 1"]
+    time_panel = whole(dash, "time")
+    assert time_panel == panel(dash, "time")
+    compute, comm = time_panel["series"]
+    assert time_panel["categories"] == ["rank 0", "rank 1"] and time_panel["stacked"]
     last = range(STEPS - 20, STEPS)
-    by_hand_compute = [mean([values(r, s)["compute_time_s"] for s in last]) for r in range(RANKS)]
-    by_hand_comm = [mean([values(r, s)["comm_time_s"] for s in last]) for r in range(RANKS)]
-    assert list(compute.y) == pytest.approx(by_hand_compute)
-    assert list(comm.y) == pytest.approx(by_hand_comm)
+    by_hand = [mean([values(r, s)["compute_time_s"] for s in last]) for r in range(RANKS)]
+    assert compute["values"] == pytest.approx(by_hand)
+    assert comm["values"] == pytest.approx([mean([values(r, s)["comm_time_s"] for s in last]) for r in range(RANKS)])
     run = dash.run
-    assert list(compute.y) == pytest.approx([run.per_rank_mean("compute_time_s", last=20)[r] for r in range(RANKS)])
-    # communication is drawn on top of compute: a stacked bar per rank
-    assert list(comm.base) == pytest.approx(by_hand_compute)
-    assert compute.y[1] + comm.y[1] > compute.y[0] + comm.y[0] + 0.5  # the straggler stands out
+    assert compute["values"] == pytest.approx([run.per_rank_mean("compute_time_s", last=20)[r] for r in range(RANKS)])
+    assert compute["values"][1] + comm["values"][1] > compute["values"][0] + comm["values"][0] + 0.5  # the straggler
+
+
+def test_per_rank_mean_of_the_last_steps_skips_each_ranks_first_step():
+    run = make_run(steps=5)
+    assert run.per_rank_mean("comm_time_s", skip_first=True)[1] == pytest.approx(
+        mean([values(1, s)["comm_time_s"] for s in range(1, 5)]))
+    last_two = mean([values(0, s)["comm_time_s"] for s in (3, 4)])
+    assert run.per_rank_mean("comm_time_s", last=2)[0] == pytest.approx(last_two)
 
 
 def test_memory_bars_in_mib(dash):
-    now, peak, state = (dash.trace("memory", name) for name in ("current", "peak", "model+optimizer"))
-    assert list(state.y) == pytest.approx([50 - 10 * r for r in range(RANKS)])
-    assert list(now.y) == pytest.approx([100 + 10 * r + STEPS - 1 for r in range(RANKS)])
-    assert list(peak.y) == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
-    assert dash.figure.layout.annotations[2].text == "host memory RSS (MiB)"
+    now, peak, state = whole(dash, "memory")["series"]
+    assert state["values"] == pytest.approx([50 - 10 * r for r in range(RANKS)]) and state["labels"]
+    assert now["values"] == pytest.approx([100 + 10 * r + STEPS - 1 for r in range(RANKS)])
+    assert peak["values"] == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
+    assert whole(dash, "memory")["title"] == "host memory RSS (MiB)"
 
 
 def test_memory_axis_on_gpu():
     d = Dashboard(make_run(device_kind="cuda"))
     d.update(force=True)
-    assert d.figure.layout.annotations[2].text == "GPU memory (MiB)"
+    assert whole(d, "memory")["title"] == "GPU memory (MiB)"
     d.finish()
 
 
-def test_units_in_subplot_titles_not_on_y_axes(dash):
-    layout = dash.figure.layout
-    titles = [a.text for a in layout.annotations]
-    assert titles == ["loss", "time per step (s), last 20 steps", "host memory RSS (MiB)", "throughput, samples/s (all ranks)"]
-    # no y-axis title squeezed between the columns in a narrow window
-    assert all(layout[f"yaxis{n}"].title.text is None for n in ("", 2, 3, 4))
-    assert layout.xaxis2.domain[0] - layout.xaxis.domain[1] == pytest.approx(0.14)
+def test_titles_carry_the_units(dash):
+    titles = [p["title"] for p in dash.widget.layout]
+    assert titles == ["loss", "time per step (s), last 20 steps", "host memory RSS (MiB)",
+                      "throughput, samples/s (all ranks)"]
 
 
-def test_colours_match_the_png(dash):
-    _, _, avg = band(dash)
-    compute, comm = dash.trace("time", "compute"), dash.trace("time", "communication")
-    mem, peak, state = (dash.trace("memory", name) for name in ("current", "peak", "model+optimizer"))
-    tput = dash.trace("throughput", "throughput")
-    assert (compute.marker.color, comm.marker.color) == (BLUE, ORANGE)
-    assert (mem.marker.color, peak.marker.color, state.marker.color) == (BLUE, ORANGE, GREEN)
-    assert avg.line.color == tput.line.color == BLUE
-    from matplotlib.colors import to_hex
-
-    ax_loss, ax_time, ax_mem, ax_tput = static_figure(dash.run).axes
-    bars = [to_hex(b.get_facecolor()) for b in ax_time.patches]
-    assert bars == [BLUE] * RANKS + [ORANGE] * RANKS
-    assert [to_hex(b.get_facecolor()) for b in ax_mem.patches] == bars + [GREEN] * RANKS
-    assert to_hex(ax_loss.lines[0].get_color()) == to_hex(ax_tput.lines[0].get_color()) == BLUE
+def test_colours_are_the_same_in_every_view(dash):
+    layout = {p["key"]: [s["color"] for s in p["series"]] for p in dash.widget.layout}
+    assert layout == {"loss": [BLUE], "time": [BLUE, ORANGE], "memory": [BLUE, ORANGE, GREEN], "throughput": [BLUE]}
+    drawn = svg_panels(render_svg(dash.run))
+    fills = [r.get("fill") for r in drawn["time"].iter(f"{SVG}rect") if r.get("class") == "bar"]
+    assert fills == [BLUE, ORANGE] * RANKS  # per rank: compute, then communication on top
+    fills = [r.get("fill") for r in drawn["memory"].iter(f"{SVG}rect") if r.get("class") == "bar"]
+    assert fills == [BLUE, ORANGE, GREEN] * RANKS
+    for key in ("loss", "throughput"):
+        (line,) = [p for p in drawn[key].iter(f"{SVG}path") if p.get("class") == "line"]
+        assert line.get("stroke") == BLUE
 
 
-def test_png_legends_leave_the_bars_free():
-    fig = static_figure(make_run())
-    fig.canvas.draw()
-    for ax in fig.axes[1:3]:  # time per step, memory
-        legend = ax.get_legend()
-        box = legend.get_window_extent()
-        assert ax.patches and not any(box.overlaps(bar.get_window_extent()) for bar in ax.patches)
-        assert ax.margins()[1] == 0.25
-        frame = ax.get_window_extent()
-        assert abs((box.x0 + box.x1) / 2 - (frame.x0 + frame.x1) / 2) < 1  # upper center
-        assert frame.y1 - box.y1 < 10
-        assert len({round(t.get_window_extent().y0) for t in legend.get_texts()}) == 1  # both entries on one row
+def test_static_legends_sit_above_the_plot_area():
+    drawn = svg_panels(render_svg(make_run()))
+    for key in ("time", "memory"):
+        texts = [t for t in drawn[key].iter(f"{SVG}text") if t.get("class") == "legend"]
+        bars = [r for r in drawn[key].iter(f"{SVG}rect") if r.get("class") == "bar"]
+        assert texts and bars
+        assert max(float(t.get("y")) for t in texts) < min(float(b.get("y")) for b in bars)
 
 
 def test_throughput_is_sum_over_ranks(dash):
-    tput = dash.trace("throughput", "throughput")
+    pts = dash.points("throughput")
     # step 0 is left out: its step_time_s (and samples_per_s) covers the time since the cell started
-    assert list(tput.x) == list(range(1, STEPS))
-    assert list(tput.y) == pytest.approx([sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(1, STEPS)])
-    assert dash.figure.layout.annotations[3].text == "throughput, samples/s (all ranks)"
+    assert pts["x"] == list(range(1, STEPS))
+    totals = [sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in range(1, STEPS)]
+    assert pts["y"] == pytest.approx(totals)
+    assert dash.widget.layout[3]["title"] == "throughput, samples/s (all ranks)"
 
 
 def test_throughput_leaves_out_each_ranks_first_record():
@@ -173,14 +205,16 @@ def test_throughput_leaves_out_each_ranks_first_record():
     run.add([{"rank": 0, "seq": 0, "step": 0, "samples_per_s": 1.0}])
     d = Dashboard(run)
     d.update(force=True)
-    tput = d.trace("throughput", "throughput")
-    assert list(tput.x) == [] and d.figure.layout.annotations[3].text.endswith("samples/s (all ranks)")
+    assert d.points("throughput")["x"] == [] and d.widget.layout[3]["title"].endswith("samples/s (all ranks)")
     run.add([{"rank": 0, "seq": 1, "step": 1, "samples_per_s": 100.0},
-              {"rank": 1, "seq": 0, "step": 1, "samples_per_s": 2.0},  # rank 1 logs its first step later
-              {"rank": 0, "seq": 2, "step": 2, "samples_per_s": 100.0},
-              {"rank": 1, "seq": 1, "step": 2, "samples_per_s": 100.0}])
+             {"rank": 1, "seq": 0, "step": 1, "samples_per_s": 2.0},  # rank 1 logs its first step later
+             {"rank": 0, "seq": 2, "step": 2, "samples_per_s": 100.0},
+             {"rank": 1, "seq": 1, "step": 2, "samples_per_s": 100.0}])
     d.update(force=True)
-    assert (list(tput.x), list(tput.y)) == ([2], [200.0])
+    pts = d.points("throughput")
+    assert (pts["x"], pts["y"]) == ([2], [200.0])
+    s = panel(run, "throughput")["series"][0]
+    assert (s["x"], s["y"]) == ([2], [200.0])
     d.finish()
 
 
@@ -189,35 +223,47 @@ def test_throughput_falls_back_to_steps_per_s():
     run.add({"rank": 0, "seq": i, "step": s, "step_time_s": 0.5} for i, s in enumerate([0, 2, 4]))
     d = Dashboard(run)
     d.update(force=True)
-    tput = d.trace("throughput", "throughput")
-    assert list(tput.x) == [2, 4]  # step 0 left out: its step time includes the cell's start-up
-    assert list(tput.y) == pytest.approx([4.0, 4.0])  # 2 steps per 0.5 s
-    assert d.figure.layout.annotations[3].text == "throughput, steps/s"
+    pts = d.points("throughput")
+    assert pts["x"] == [2, 4]  # step 0 left out: its step time includes the cell's start-up
+    assert pts["y"] == pytest.approx([4.0, 4.0])  # 2 steps per 0.5 s
+    assert d.widget.layout[3]["title"] == "throughput, steps/s"
     d.finish()
 
 
-def test_long_runs_are_thinned_in_the_live_figure_only():
+def test_the_browser_gets_each_point_once_in_float64_buffers(monkeypatch):
+    run = make_run(steps=10)
+    d = Dashboard(run)
+    sent = Sent(d, monkeypatch)
+    d.update(force=True)
+    run.add({"rank": r, "seq": s, "step": s, "time": 1000.0 + s, **values(r, s)}
+            for s in range(10, 25) for r in range(RANKS))
+    d.update(force=True)
+    d.update(force=True)  # nothing new: no message
+    assert [m["seq"] for m, _ in sent.messages] == [0, 1]
+    assert [[(line["panel"], line["n"]) for line in m["lines"]] for m, _ in sent.messages] == [
+        [("loss", 10), ("throughput", 9)], [("loss", 15), ("throughput", 15)]]
+    assert all(not line["reset"] for line in sent.messages[1][0]["lines"])
+    cols = sent.columns("loss")
+    s = panel(run, "loss")["series"][0]
+    assert (cols["x"], cols["y"], cols["low"], cols["high"]) == (s["x"], s["y"], s["low"], s["high"])
+    assert json.dumps(sent.messages[1][0])  # the header is plain JSON; the numbers are in the buffers
+    assert sum(len(b) for b in sent.messages[1][1]) == 8 * (4 * 15 + 2 * 15)
+    d.finish()
+
+
+def test_long_runs_are_thinned_by_the_views_not_by_the_kernel():
     steps = 2500
     run = make_run(steps=steps)
     d = Dashboard(run)
     d.update(force=True)
-    lo, hi, avg = band(d)
-    tput = d.trace("throughput", "throughput")
+    assert len(d.points("loss")["x"]) == steps  # the browser keeps every point, thins when it draws
+    drawn = svg_panels(render_svg(run))
     size = 3  # ceil(2500 / 1000) consecutive steps per point
-    assert len(avg.x) == len(lo.y) == len(hi.y) == 834 <= MAX_POINTS
-    assert (avg.x[0], avg.x[1], avg.x[-1]) == (2, 5, steps - 1)  # each bucket at its last step
-    loss = [[values(r, s)["loss"] for r in range(RANKS)] for s in range(steps)]
-    for k in (0, 400, 833):
-        bucket = loss[k * size : (k + 1) * size]
-        assert lo.y[k] == pytest.approx(min(min(v) for v in bucket))
-        assert hi.y[k] == pytest.approx(max(max(v) for v in bucket))
-        assert avg.y[k] == pytest.approx(statistics.fmean(statistics.fmean(v) for v in bucket))
-    assert len(tput.x) == 833 and tput.x[0] == 3  # steps 1..2499
-    first = [sum(values(r, s)["samples_per_s"] for r in range(RANKS)) for s in (1, 2, 3)]
-    assert tput.y[0] == pytest.approx(statistics.fmean(first))
-    # the PNG draws every step
-    ax_loss, _, _, ax_tput = static_figure(run).axes
-    assert len(ax_loss.lines[0].get_xdata()) == steps and len(ax_tput.lines[0].get_xdata()) == steps - 1
+    (line,) = [p for p in drawn["loss"].iter(f"{SVG}path") if p.get("class") == "line"]
+    assert int(line.get("data-points")) == 834 <= MAX_POINTS
+    (tput,) = [p for p in drawn["throughput"].iter(f"{SVG}path") if p.get("class") == "line"]
+    assert int(tput.get("data-points")) == 833
+    assert math.ceil(steps / MAX_POINTS) == size
     d.finish()
 
 
@@ -225,11 +271,11 @@ def test_update_is_throttled():
     run = make_run()
     d = Dashboard(run, min_interval=60)
     assert d.update() is True
-    run.add([{"rank": 0, "seq": STEPS, "step": STEPS, "loss": 0.0}])
+    run.add([{"rank": r, "seq": STEPS, "step": STEPS, "loss": 0.0} for r in range(RANKS)])
     assert d.update() is False
-    assert len(d.trace("loss", "mean over ranks").x) == STEPS  # not redrawn yet
+    assert len(d.points("loss")["x"]) == STEPS  # not sent yet
     assert d.update(force=True) is True
-    assert len(d.trace("loss", "mean over ranks").x) == STEPS + 1
+    assert len(d.points("loss")["x"]) == STEPS + 1
     d.finish()
 
 
@@ -237,10 +283,9 @@ def test_progress_with_total_steps():
     run = make_run(total_steps=50)
     d = Dashboard(run)
     d.update(force=True)
-    assert (d.progress_bar.value, d.progress_bar.max) == (30, 50)
-    assert d.progress_bar.layout.display != "none"
+    assert (d.head["done"], d.head["total"]) == (30, 50)
     # the records' "time" advances 1 s per step: 20 steps to go (step_time_s, ~3 s, is not used)
-    assert d.progress_text == "step 30 / 50, ETA 00:20"
+    assert d.head["progress"] == "step 30 / 50, ETA 00:20"
     d.finish()
 
 
@@ -256,34 +301,43 @@ def test_eta_from_the_whole_run_not_the_last_steps():
     # from the first logged step (rank 0) to the latest (rank 1), over the 109 steps between
     eta = round(90 * (t(1, 109) - t(0, 0)) / 109)
     assert eta == 123  # the last 20 steps alone would say 90 * 3 s
-    assert d.progress_text == "step 110 / 200, ETA 02:03"
+    assert d.head["progress"] == "step 110 / 200, ETA 02:03"
     d.finish()
 
 
 def test_progress_without_total_steps(dash):
-    assert dash.progress_bar.layout.display == "none"
-    assert dash.progress_text.startswith("30 steps, elapsed ")
+    assert dash.head["total"] is None
+    assert dash.head["progress"].startswith("30 steps, elapsed ")
 
 
 def test_header_shows_run_and_status(dash):
-    header = dash.widget.children[0].value
-    assert "test-run" in header and "2 ranks" in header and "gloo" in header and "running" in header
+    head = dash.head
+    assert head["title"] == "run test-run · 2 ranks · gloo on cpu" and head["status"] == "running"
+    assert head["problem"] is None
+    dash.run.status, dash.run.error = "error", "Traceback...\nValueError: bad shape"
+    dash.update(force=True)
+    assert (dash.head["status"], dash.head["problem"]) == ("error", "ValueError: bad shape")
 
 
-def test_static_bundle_has_text_and_png():
+def test_static_bundle_has_text_and_svg():
     run = make_run()
     run.status, run.ended = "done", run.started + 12.0
     bundle = static_bundle(run)
     assert bundle["text/plain"] == run.summary()
     assert "done after 12.0 s" in bundle["text/plain"]
-    png = bundle["image/png"]
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    from matplotlib.image import imread
+    svg = bundle["image/svg+xml"]
+    root = ET.fromstring(svg)
+    assert (root.get("width"), root.get("height")) == ("1000", "588")
+    assert set(bundle) == {"text/plain", "image/svg+xml"}  # the image is stored once
+    drawn = svg_panels(svg)
+    assert [g.get("data-title") for g in drawn.values()] == [p["title"] for p in panels(run)]
+    bars = [float(r.get("data-value")) for r in drawn["memory"].iter(f"{SVG}rect") if r.get("data-series") == "peak"]
+    assert bars == pytest.approx([200 + 20 * r + STEPS - 1 for r in range(RANKS)])
 
-    height, width, _ = imread(io.BytesIO(png)).shape
-    assert (width, height) == (1000, 620)
-    assert set(bundle) == {"text/plain", "image/png"}  # the PNG is stored once
-    assert render_png(run).startswith(b"\x89PNG")
+
+def test_static_summary_of_an_empty_run_says_no_data():
+    drawn = svg_panels(render_svg(Run("empty", 2)))
+    assert all(any(t.text == "no data" for t in g.iter(f"{SVG}text")) for g in drawn.values())
 
 
 def test_finish_outside_kernel_prints_summary_and_closes(capsys):
@@ -293,35 +347,27 @@ def test_finish_outside_kernel_prints_summary_and_closes(capsys):
     assert capsys.readouterr().out == ""  # no kernel: nothing live is displayed
     d.finish()
     assert capsys.readouterr().out == run.summary() + "\n"
-    # nothing leaks, layouts and styles included
-    assert all(w.comm is None for w in widget_tree(d.widget))
-    assert d.figure.comm is None
+    assert d.widget.comm is None
+    assert charts_lib().comm is not None  # the chart code stays, for the next dashboards
     assert d.update(force=True) is False
 
 
-def test_figure_follows_the_width_of_the_page(dash):
-    assert dash.figure._config == {"responsive": True}
-    # the invisible helper that resizes the figure to its box (plotly/plotly.py#5208), an ES
-    # module file of the package that the widget sends to the browser
-    helper = dash.widget.children[-1]
-    assert helper is not dash.figure and dash.figure in dash.widget.children
-    source = (REPO / "jdist" / "kernel" / "dashboard" / "fitwidth.js").read_text()
-    assert helper._esm == source and "_responsiveChartHandler" in source
-
-
-def test_each_dashboard_gets_its_own_figure():
-    # plotly 7.1's widget view leaves listeners behind when its output is replaced: a reused
-    # FigureWidget stayed blank in the browser. So each dashboard has its own, closed at the end.
+def test_the_chart_code_is_one_widget_shared_by_every_dashboard():
     d1 = Dashboard(make_run())
     d1.finish()
     d2 = Dashboard(Run("next", world_size=1))
-    assert d2.figure is not d1.figure and d1.figure.comm is None and d2.figure.comm is not None
-    assert d2.figure._config == {"responsive": True}
+    lib = charts_lib()
+    assert d1.widget.lib == d2.widget.lib == lib.key
+    assert d2.widget is not d1.widget and d1.widget.comm is None and d2.widget.comm is not None
+    # the dashboard's own module is small; the chart code (the bundle) travels once, with the library
+    charts = (REPO / "jdist" / "kernel" / "dashboard" / "charts.js").read_text()
+    assert lib._esm == charts and "__jdist_dashboard" in charts and len(charts) > 4 * len(d2.widget._esm)
+    assert len(d2.widget._esm) < 3000
+    lib.close()  # closed (e.g. Widget.close_all()): the next dashboard opens a new one
+    d3 = Dashboard(Run("third", world_size=1))
+    assert charts_lib() is not lib and charts_lib().comm is not None and d3.widget.lib == lib.key
     d2.finish()
-
-
-def test_subplot_titles_are_small_enough_for_a_narrow_page(dash):
-    assert {a.font.size for a in dash.figure.layout.annotations} == {12}
+    d3.finish()
 
 
 def test_calls_from_other_threads_raise():
@@ -346,7 +392,7 @@ def test_plain_python_is_quiet_and_leaves_pyplot_alone():
         "import sys\n"
         "from jdist.metrics import Run\n"
         "from jdist.kernel.dashboard import Dashboard\n"
-        "assert not {'anywidget', 'ipywidgets', 'plotly', 'matplotlib'} & set(sys.modules)  # a cheap import\n"
+        "assert not {'anywidget', 'ipywidgets', 'matplotlib'} & set(sys.modules)  # a cheap import\n"
         "run = Run('plain', 1)\n"
         "run.add([{'rank': 0, 'seq': 0, 'step': 0, 'loss': 1.0}])\n"
         "d = Dashboard(run); d.show(); d.update(); d.finish()\n"
@@ -382,10 +428,11 @@ def test_in_a_real_kernel():
             ),
             v4.new_code_cell("run.status = 'done'\ndash.finish()"),
             v4.new_code_cell(
-                "fig = dash.figure\n"
+                "from jdist.kernel.dashboard import charts_lib\n"
                 "dash2 = Dashboard(Run('nb-run-2', world_size=1))\n"
                 "dash2.show()\n"
-                "assert dash2.figure is not fig and fig.comm is None and dash2.figure.comm is not None\n"
+                "assert dash.widget.comm is None and dash2.widget.comm is not None\n"
+                "assert dash2.widget.lib == charts_lib().key and charts_lib().comm is not None\n"
                 "dash2.finish()"
             ),
         ]
@@ -407,7 +454,7 @@ def test_in_a_real_kernel():
     (final,) = nb.cells[1].outputs
     assert final.output_type == "display_data"
     assert "application/vnd.jupyter.widget-view+json" not in final.data
-    assert base64.b64decode(final.data["image/png"]).startswith(b"\x89PNG")
+    assert ET.fromstring(final.data["image/svg+xml"]).get("width") == "1000"
     assert final.data["text/plain"].startswith("jdist run nb-run: done after ")
     assert "text/html" not in final.data
     # the finish cell only printed the summary text
@@ -418,38 +465,40 @@ def test_in_a_real_kernel():
 
 
 def test_every_panel_is_drawn_by_every_view_from_one_definition():
-    """A panel is data: the live figure and the PNG draw each panel of PANELS by its kind."""
+    """A panel is data: the live widget and the static SVG draw each panel of PANELS by its kind."""
     run = make_run()
     drawn = panels(run)
     assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput"] and len(drawn) == len(PANELS)
     d = Dashboard(run)
     d.update(force=True)
-    for panel in drawn:
-        for s in panel["series"]:
-            trace = d.trace(panel["key"], s["name"])
-            colour = trace.marker.color if panel["kind"] == "bars" else trace.line.color
-            assert colour == s["color"], (panel["key"], s["name"])
-    assert [a.text for a in d.figure.layout.annotations] == [p["title"] for p in drawn]
-    assert [ax.get_title() for ax in static_figure(run).axes] == [p["title"] for p in drawn]
+    def heads(ps):
+        return [(p["key"], p["kind"], p["title"]) for p in ps]
+
+    assert heads(d.widget.layout) == heads(drawn)
+    for p in drawn:
+        if p["kind"] == "line":
+            s = p["series"][0]
+            assert (d.points(p["key"])["x"], d.points(p["key"])["y"]) == (s["x"], s["y"])
+        else:
+            assert whole(d, p["key"]) == p
+    assert [g.get("data-title") for g in svg_panels(render_svg(run)).values()] == [p["title"] for p in drawn]
     d.finish()
 
 
 def test_a_new_panel_is_one_function(monkeypatch):
-    """Adding a panel to PANELS is the whole change: both notebook views draw it."""
+    """Adding a panel to PANELS is the whole change: the live widget and the static SVG draw it."""
     import jdist.metrics.panels as pn
-    from jdist.protocol import LinePanel, LineSeries
 
     def grad_norm(run):
-        steps, mean, _, _ = run.aggregate("loss")
-        return LinePanel(key="grad", kind="line", title="gradient norm", x_title="step",
-                         series=[LineSeries(name="norm", color=GREEN, x=steps, y=mean, low=None, high=None)])
+        return pn.LineDef(key="grad", title="gradient norm", name="norm", color=GREEN, metric="loss",
+                          point=lambda step, values, prev: (max(values.values()), None, None))
 
     monkeypatch.setattr(pn, "PANELS", (*pn.PANELS, grad_norm))
     run = make_run()
     d = Dashboard(run)
     d.update(force=True)
-    assert list(d.trace("grad", "norm").y) == list(d.trace("loss", "mean over ranks").y)
-    assert d.figure.layout.annotations[4].text == "gradient norm"
-    fig = static_figure(run)
-    assert len(fig.axes) == 5 and fig.axes[4].get_title() == "gradient norm"
+    assert d.points("grad")["y"] == d.points("loss")["high"]
+    assert d.widget.layout[4]["title"] == "gradient norm"
+    drawn = svg_panels(render_svg(run))
+    assert list(drawn) == ["loss", "time", "memory", "throughput", "grad"]
     d.finish()

@@ -74,7 +74,7 @@ def test_loss_goes_down(trained):
 
 def test_dashboard_shown_and_replaced_by_static_summary(trained):
     _, out = trained
-    finals = [d for d in out.displays if "image/png" in d.get("data", {})]
+    finals = [d for d in out.displays if "image/svg+xml" in d.get("data", {})]
     assert finals, [d.get("data", {}).keys() for d in out.displays]
     text = finals[-1]["data"]["text/plain"]
     assert "finished" in text and "loss" in text

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Rebuild the prebuilt JupyterLab extension (jdist/labextension/) from labextension/ with jlpm,
+# Rebuild the prebuilt JupyterLab extension (jdist/labextension/) from labextension/ with jlpm, and the
+# notebook dashboard's bundle (jdist/kernel/dashboard/charts.js, charts.css) with rspack,
 # then record the sources' hash next to it (tests check that the committed build is current).
 # Needs node >= 18 on PATH; jlpm, jupyter and @jupyter/builder come from the venv and yarn.lock.
 set -euo pipefail
@@ -11,6 +12,9 @@ cd labextension
 # with CI=true yarn refuses to change yarn.lock (it must be committed up to date)
 jlpm install
 jlpm build:prod
+# the notebook's live dashboard: one ES module and its CSS, loaded by the kernel's widget
+node build-dashboard.js
+cat style/charts.css style/dashboard.css > ../jdist/kernel/dashboard/charts.css
 cd ..
 # the build empties the output folder; install.json tells `jupyter labextension list` the package
 cp labextension/install.json jdist/labextension/install.json

@@ -19,7 +19,7 @@ OUTPUT = REPO / "jdist" / "labextension"
 STAMP = OUTPUT / "sources.sha256"
 #: What goes into the build: every file under these, plus these files.
 SOURCE_DIRS = ("src", "style")
-SOURCE_FILES = ("package.json", "yarn.lock", "tsconfig.json", ".yarnrc.yml")
+SOURCE_FILES = ("package.json", "yarn.lock", "tsconfig.json", ".yarnrc.yml", "dashboard.config.js", "build-dashboard.js")
 
 
 def source_files() -> list[Path]:

@@ -1,12 +1,15 @@
 """The dashboard panels, as data: one definition each, drawn by every view.
 
-:data:`PANELS` lists one function per panel that turns a :class:`~jdist.metrics.Run` into a
-:data:`jdist.protocol.Panel` (a line panel or a bar panel, plain JSON-able data with titles,
-colours and values). Three renderers draw any panel by its ``kind``, without knowing which
-panel it is: the live notebook widget (plotly, :mod:`jdist.kernel.dashboard.widget`), the
-static PNG that replaces it (matplotlib, :mod:`jdist.kernel.dashboard.static`) and the
-sidebar's run view (SVG, ``labextension/src/runview.ts``, from the server's REST reply).
-A new panel is one function here, added to :data:`PANELS`.
+:data:`PANELS` lists one function per panel. A bar panel's function turns a
+:class:`~jdist.metrics.Run` into a :class:`~jdist.protocol.BarPanel` (a few values per rank);
+a line panel's function gives a :class:`LineDef`: its titles, and the point of each step
+computed from one metric's values across the ranks. :func:`panels` turns them all into
+:data:`jdist.protocol.Panel` (plain JSON-able data with titles, colours and values); the live
+dashboard (:mod:`jdist.metrics.live`) computes a line's new points with the same
+:func:`line_points`, one batch of steps at a time. Three renderers draw any panel by its
+``kind``, without knowing which panel it is: the live notebook widget and the sidebar's run view
+(SVG, ``labextension/src/panels.ts``) and the static SVG that replaces the live widget
+(:mod:`jdist.kernel.dashboard.static`). A new panel is one function here, added to :data:`PANELS`.
 
 Example:
     >>> from jdist.metrics import Run
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel
@@ -61,48 +64,110 @@ def loss_metric(run: Run) -> str | None:
     return names[0] if names else None
 
 
-def total_samples_per_s(run: Run) -> tuple[list[Any], list[float]]:
-    """Per step, the sum over ranks of ``samples_per_s``: ``(steps, totals)``.
+PointFn = Callable[[Any, "dict[int, float]", Any], "tuple[float, float | None, float | None] | None"]
+"""A line's point at one step: ``(step, {rank: value}, previous step or None) -> (y, low, high)``,
+or ``None`` to leave the step out."""
 
-    Each rank's first record of the cell (``seq`` 0) is left out: its ``step_time_s``
-    covers the time since the cell started (imports, data loading), which would show as
-    a dip at the first step. Only steps that every rank reporting ``samples_per_s`` has
-    reached are included, so a live curve does not dip at a step that some ranks have
-    not logged yet.
+
+@dataclass(frozen=True)
+class LineDef:
+    """A line panel as a definition: one series whose point at each step comes from ``point``
+    applied to the ranks' values of ``metric`` at that step.
+
+    ``band``: the point has a low/high band. ``skip_first``: each rank's first record of the
+    cell is left out (its times cover the set-up before the first step). ``every_rank``: a
+    step counts only once every rank logging the metric has a value there.
+    """
+
+    key: str
+    title: str
+    name: str
+    color: str
+    metric: str | None
+    point: PointFn
+    x_title: str = "step"
+    band: bool = False
+    skip_first: bool = False
+    every_rank: bool = False
+
+
+def mean_band(step: Any, values: dict[int, float], prev: Any) -> tuple[float, float, float]:
+    """Mean over the ranks, with their min and max (NaN left out, as :meth:`Run.aggregate`).
+
+    >>> mean_band(0, {0: 1.0, 1: 3.0, 2: float("nan")}, None)
+    (2.0, 1.0, 3.0)
+    """
+    vals = [v for v in values.values() if not math.isnan(v)] or [math.nan]
+    return sum(vals) / len(vals), min(vals), max(vals)
+
+
+def rate_of_slowest(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, None] | None:
+    """Steps/s since the previous logged step, from the slowest rank's ``step_time_s`` (a record's
+    ``step_time_s`` covers the steps since the previous log, so logging every k-th step still gives
+    steps/s). The first logged step has none: its ``step_time_s`` covers the time since the cell started.
+
+    >>> rate_of_slowest(6, {0: 1.0, 1: 2.0}, 4)
+    (1.0, None, None)
+    """
+    vals = [v for v in values.values() if not math.isnan(v)]
+    if prev is None or not vals:
+        return None
+    slowest = max(vals)
+    return ((step - prev) / slowest if slowest > 0 else math.nan), None, None
+
+
+def total(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, None] | None:
+    """The sum over the ranks (NaN left out).
+
+    >>> total(0, {0: 1.0, 1: 2.5}, None)
+    (3.5, None, None)
+    """
+    vals = [v for v in values.values() if not math.isnan(v)]
+    return (sum(vals), None, None) if vals else None
+
+
+def line_points(run: Run, line: LineDef, steps: list[Any], prev: Any = None
+                ) -> tuple[list[Any], list[float], list[float], list[float]]:
+    """``line``'s points at ``steps`` (sorted; ``prev``: the step before them): ``(x, y, low, high)``,
+    NaN where a value is missing. :func:`panels` passes every step, the live view a few at a time.
 
     >>> run = Run("x", 2)
-    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "samples_per_s": 10.0 * (r + 1) + s}
-    ...              for s in (0, 1) for r in (0, 1)])
-    >>> total_samples_per_s(run)
-    ([1], [32.0])
+    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "loss": float(r + s)} for s in (0, 1) for r in (0, 1)])
+    >>> line_points(run, loss_panel(run), run.steps("loss"))
+    ([0, 1], [0.5, 1.5], [0.0, 1.0], [1.0, 2.0])
     """
-    per_step: dict[Any, dict[int, float]] = defaultdict(dict)
-    for rec in run.records:
-        value, step = rec.get("samples_per_s"), rec.get("step")
-        if rec["seq"] == 0 or step is None or not isinstance(value, (int, float)) or math.isnan(value):
+    per_step = run.step_values(line.metric) if line.metric else {}
+    first = run.first_steps() if line.skip_first else {}
+    need = len(run.metric_ranks(line.metric, skip_first=line.skip_first)) if line.every_rank and line.metric else 0
+    xs: list[Any] = []
+    ys: list[float] = []
+    lows: list[float] = []
+    highs: list[float] = []
+    for step in steps:
+        values = per_step.get(step, {})
+        if first:
+            values = {r: v for r, v in values.items() if first.get(r, _NONE) != step}
+        pt = None if need and len(values) < need else line.point(step, values, prev)
+        prev = step
+        if pt is None:
             continue
-        per_step[step][rec["rank"]] = float(value)
-    reporting = {rank for by_rank in per_step.values() for rank in by_rank}
-    steps = sorted(s for s, by_rank in per_step.items() if len(by_rank) == len(reporting))
-    return steps, [sum(per_step[s].values()) for s in steps]
+        y, low, high = pt
+        xs.append(step)
+        ys.append(y)
+        lows.append(math.nan if low is None else low)
+        highs.append(math.nan if high is None else high)
+    return xs, ys, lows, highs
 
 
-def steps_per_s(run: Run) -> tuple[list[Any], list[float]]:
-    """Per logged step after the first, steps/s from the slowest rank's ``step_time_s``: ``(steps, rates)``.
+_NONE = object()
 
-    A record's ``step_time_s`` covers the steps since the previous logged step, so
-    logging every k-th step still gives steps/s. The first logged step is left out: its
-    ``step_time_s`` covers the time since the cell started.
 
-    >>> run = Run("x", 1)
-    >>> _ = run.add([{"rank": 0, "seq": i, "step": s, "step_time_s": 2.0} for i, s in enumerate((0, 4, 6))])
-    >>> steps_per_s(run)
-    ([4, 6], [2.0, 1.0])
-    """
-    steps, _, _, slowest = run.aggregate("step_time_s")
-    rates = [(step - prev) / seconds if seconds > 0 else math.nan
-             for prev, step, seconds in zip(steps, steps[1:], slowest[1:])]
-    return steps[1:], rates
+def line_panel(run: Run, line: LineDef) -> LinePanel:
+    """The :class:`~jdist.protocol.LinePanel` of ``line`` over every step logged (NaN as None)."""
+    x, y, low, high = line_points(run, line, run.steps(line.metric) if line.metric else [])
+    return LinePanel(key=line.key, kind="line", title=line.title, x_title=line.x_title, series=[
+        LineSeries(name=line.name, color=line.color, x=x, y=finite(y), low=finite(low) if line.band else None,
+                   high=finite(high) if line.band else None)])
 
 
 def seconds_per_step(run: Run) -> float | None:
@@ -118,11 +183,10 @@ def seconds_per_step(run: Run) -> float | None:
     >>> seconds_per_step(run)  # (100.0 at step 0 to 101.25 at step 2) / 2 steps
     0.625
     """
-    timed = [(rec["step"], rec["time"]) for rec in run.records
-             if rec.get("step") is not None and rec.get("time") is not None]
-    if not timed:
+    span = run.time_span()
+    if span is None:
         return None
-    (first_step, first_time), (last_step, last_time) = min(timed), max(timed)
+    (first_step, first_time), (last_step, last_time) = span
     return (last_time - first_time) / (last_step - first_step) if last_step > first_step else None
 
 
@@ -191,13 +255,11 @@ def _mib(value: Any) -> float | None:
     return value / _MIB if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def loss_panel(run: Run) -> LinePanel:
+def loss_panel(run: Run) -> LineDef:
     """The loss (or the first logged scalar): mean over ranks per step, with a min–max band."""
     name = loss_metric(run)
-    steps, mean, low, high = run.aggregate(name) if name else ([], [], [], [])
-    return LinePanel(key="loss", kind="line", title=name or "loss", x_title="step", series=[
-        LineSeries(name="mean over ranks", color=BLUE, x=steps, y=finite(mean), low=finite(low), high=finite(high)),
-    ])
+    return LineDef(key="loss", title=name or "loss", name="mean over ranks", color=BLUE, metric=name,
+                   point=mean_band, band=True)
 
 
 def time_panel(run: Run) -> BarPanel:
@@ -239,28 +301,23 @@ def memory_panel(run: Run) -> BarPanel:
                     ])
 
 
-def throughput_panel(run: Run) -> LinePanel:
-    """Samples/s over all ranks once a batch size is known (even before a point can be drawn,
-    so the title does not flip), else steps/s."""
-    latest = [run.latest(r) or {} for r in _ranks(run)]
-    if any(isinstance(rec.get("samples_per_s"), (int, float)) for rec in latest):
-        steps, values = total_samples_per_s(run)
-        title = "throughput, samples/s (all ranks)"
-    else:
-        steps, values = steps_per_s(run)
-        title = "throughput, steps/s"
-    return LinePanel(key="throughput", kind="line", title=title, x_title="step", series=[
-        LineSeries(name="throughput", color=BLUE, x=steps, y=finite(values), low=None, high=None),
-    ])
+def throughput_panel(run: Run) -> LineDef:
+    """Samples/s summed over the ranks once a batch size is known (even before a point can be
+    drawn, so the title does not flip), at steps every rank reporting it has reached; else steps/s."""
+    if any(isinstance((run.latest(r) or {}).get("samples_per_s"), (int, float)) for r in run.ranks):
+        return LineDef(key="throughput", title="throughput, samples/s (all ranks)", name="throughput", color=BLUE,
+                       metric="samples_per_s", point=total, skip_first=True, every_rank=True)
+    return LineDef(key="throughput", title="throughput, steps/s", name="throughput", color=BLUE,
+                   metric="step_time_s", point=rate_of_slowest)
 
 
 #: Every panel of the dashboard, in the order the views lay them out (two per row).
-PANELS: tuple[Callable[[Run], Panel], ...] = (loss_panel, time_panel, memory_panel, throughput_panel)
+PANELS: tuple[Callable[[Run], "LineDef | Panel"], ...] = (loss_panel, time_panel, memory_panel, throughput_panel)
 
 
 def panels(run: Run) -> list[Panel]:
     """Every panel of :data:`PANELS` for ``run``'s current records."""
-    return [build(run) for build in PANELS]
+    return [line_panel(run, d) if isinstance(d, LineDef) else d for d in (build(run) for build in PANELS)]
 
 
 __all__ = [
@@ -271,13 +328,18 @@ __all__ = [
     "PANELS",
     "RECENT_STEPS",
     "TIME_TITLE",
+    "LineDef",
+    "PointFn",
     "finite",
+    "line_panel",
+    "line_points",
     "loss_metric",
+    "mean_band",
     "panels",
+    "rate_of_slowest",
     "seconds_per_step",
     "steps_done",
-    "steps_per_s",
     "thin",
     "thin_panel",
-    "total_samples_per_s",
+    "total",
 ]

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 import uuid
@@ -43,6 +44,14 @@ AUTO_METRICS: dict[str, str] = {
 }
 
 RESERVED: frozenset[str] = frozenset(RECORD_KEYS) | frozenset(AUTO_METRICS)
+
+
+def _insert_sorted(steps: list[Any], step: Any) -> None:
+    """Insert ``step`` into the sorted list ``steps``; O(1) when it is the highest (records come in step order)."""
+    if not steps or step > steps[-1]:
+        steps.append(step)
+    else:
+        bisect.insort(steps, step)
 
 
 def new_run_id() -> str:
@@ -86,6 +95,11 @@ class Run:
         default_factory=lambda: defaultdict(dict), repr=False
     )
     _latest: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+    #: (metric, rank) -> the numeric steps at which that rank logged it, sorted
+    _rank_steps: dict[tuple[str, int], list[Any]] = field(default_factory=lambda: defaultdict(list), repr=False)
+    _steps: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list), repr=False)  # metric -> sorted
+    _first_step: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> step of its seq 0 record
+    _timed: list[tuple[Any, float]] = field(default_factory=list, repr=False)  # lowest, highest (step, time)
 
     def add(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """Add records, dropping duplicates (same rank, cell and seq); return the new ones."""
@@ -100,11 +114,67 @@ class Run:
             rank = rec["rank"]
             self._latest[rank] = rec
             step = rec.get("step")
+            if rec["seq"] == 0:
+                self._first_step[rank] = step
+            when = rec.get("time")
+            if step is not None and when is not None:
+                timed = (step, when)
+                if not self._timed:
+                    self._timed = [timed, timed]
+                elif timed < self._timed[0]:
+                    self._timed[0] = timed
+                elif timed > self._timed[1]:
+                    self._timed[1] = timed
             for name, value in rec.items():
                 if name in RECORD_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
                     continue
-                self._by_metric[name].setdefault(step, {})[rank] = float(value)
+                by_step = self._by_metric[name]
+                if step not in by_step and step is not None:
+                    _insert_sorted(self._steps[name], step)
+                at_step = by_step.setdefault(step, {})
+                if rank not in at_step and step is not None:
+                    _insert_sorted(self._rank_steps[name, rank], step)
+                at_step[rank] = float(value)
         return new
+
+    def steps(self, metric: str) -> list[Any]:
+        """The steps at which some rank logged ``metric``, sorted (``None`` steps left out). Do not modify."""
+        return self._steps.get(metric, [])
+
+    def step_values(self, metric: str) -> dict[Any, dict[int, float]]:
+        """``{step: {rank: value}}`` of ``metric`` (a rank's latest value where it logged a step twice).
+        Do not modify."""
+        return self._by_metric.get(metric, {})
+
+    def first_steps(self) -> dict[int, Any]:
+        """``{rank: step}`` of each rank's first record of the cell (``seq`` 0)."""
+        return self._first_step
+
+    def metric_ranks(self, metric: str, skip_first: bool = False) -> list[int]:
+        """The ranks that logged ``metric`` at a step (other than at their first record's step, if ``skip_first``).
+
+        >>> run = Run("x", 2)
+        >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "v": 1.0}, {"rank": 0, "seq": 1, "step": 1, "v": 1.0},
+        ...              {"rank": 1, "seq": 0, "step": 0, "v": 1.0}])
+        >>> run.metric_ranks("v"), run.metric_ranks("v", skip_first=True)
+        ([0, 1], [0])
+        """
+        out = []
+        for (m, rank), steps in self._rank_steps.items():
+            only_first = skip_first and len(steps) == 1 and self._first_step.get(rank) == steps[0]
+            if m == metric and steps and not only_first:
+                out.append(rank)
+        return sorted(out)
+
+    def frontier(self, metric: str) -> Any:
+        """The highest step every rank that logs ``metric`` has reached (``None`` before any): the
+        slowest rank's latest step of it."""
+        tops = [steps[-1] for (m, _), steps in self._rank_steps.items() if m == metric and steps]
+        return min(tops) if tops else None
+
+    def time_span(self) -> tuple[tuple[Any, float], tuple[Any, float]] | None:
+        """The lowest and highest ``(step, time)`` of the records that have both, or ``None``."""
+        return (self._timed[0], self._timed[1]) if self._timed else None
 
     @property
     def metric_names(self) -> list[str]:
@@ -131,7 +201,7 @@ class Run:
         Steps are sorted; ``None`` steps (``jdist.log`` without ``step=``) are left out.
         """
         per_step = self._by_metric.get(metric, {})
-        steps = sorted(s for s in per_step if s is not None)
+        steps = list(self.steps(metric))
         means, lows, highs = [], [], []
         for s in steps:
             vals = [v for v in per_step[s].values() if not math.isnan(v)]
@@ -146,18 +216,28 @@ class Run:
         """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank.
 
         ``skip_first``: leave out each rank's first step when it has others (the first
-        ``step_time_s`` counts from the start of the cell, set-up code included).
+        ``step_time_s`` counts from the start of the cell, set-up code included). Values
+        logged without a step count as the latest. Costs O(``last``) per rank, not O(steps).
+
+        >>> run = Run("x", 1)
+        >>> _ = run.add([{"rank": 0, "seq": s, "step": s, "t": float(s)} for s in range(5)])
+        >>> run.per_rank_mean("t", last=2, skip_first=True)
+        {0: 3.5}
         """
-        values: dict[int, list[float]] = defaultdict(list)
         per_step = self._by_metric.get(metric, {})
-        for s in sorted(per_step, key=lambda x: (x is None, x)):
-            for rank, v in per_step[s].items():
-                values[rank].append(v)
+        unstepped = per_step.get(None, {})
         out = {}
-        for rank, vals in values.items():
-            if skip_first and len(vals) > 1:
-                vals = vals[1:]
-            vals = [v for v in (vals[-last:] if last else vals) if not math.isnan(v)]
+        for rank in sorted({r for (m, r) in self._rank_steps if m == metric} | set(unstepped)):
+            steps: list[Any] = self._rank_steps.get((metric, rank), [])
+            count = len(steps) + (rank in unstepped)
+            start = 1 if skip_first and count > 1 else 0
+            if last:
+                start = max(start, count - last)
+            chosen = steps[start:]
+            vals = [per_step[s][rank] for s in chosen]
+            if rank in unstepped and count > start:
+                vals.append(unstepped[rank])
+            vals = [v for v in vals if not math.isnan(v)]
             if vals:
                 out[rank] = sum(vals) / len(vals)
         return out
@@ -236,7 +316,8 @@ class Run:
         for name in self.metric_names:
             steps, mean, lo, hi = self.aggregate(name)
             if steps:
-                lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) at step {steps[-1]}")
+                lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) "
+                             f"at step {steps[-1]}")
         st = self.per_rank_mean("step_time_s", skip_first=True)
         ct = self.per_rank_mean("comm_time_s", skip_first=True)
         if st:

@@ -162,3 +162,27 @@ export interface IActionResult {
   via: string | null;
   message: string;
 }
+
+export interface ILiveLine {
+  panel: string;
+  series: string;
+  n: number;
+  band: boolean;
+  reset: boolean;
+  replace_from: number | null;
+}
+
+export interface ILivePoints {
+  type: 'points';
+  seq: number;
+  lines: ILiveLine[];
+}
+
+export interface IDashboardHead {
+  title: string;
+  status: string;
+  problem: string | null;
+  done: number;
+  total: number | null;
+  progress: string;
+}

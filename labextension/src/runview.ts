@@ -7,10 +7,10 @@ import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { api, IRunDetail, Panel } from './api';
-import { barChart, lineChart } from './charts';
-import { duration, fmt, h, runTime, setChildren } from './dom';
+import { api, IRunDetail } from './api';
+import { duration, h, runTime, setChildren } from './dom';
 import { jdistIcon } from './icon';
+import { drawPanel } from './panels';
 
 const POLL_MS = 1000;
 
@@ -120,49 +120,6 @@ export class RunView extends Widget {
   private data: IRunDetail | null = null;
   private error: string | null = null;
   private timer: number | null = null;
-}
-
-/** Values with a unit, short: "12.3 ms", "310 MiB". */
-function formatter(unit: string): (v: number) => string {
-  if (unit === 's') {
-    return v => `${fmt(v * 1000)} ms`;
-  }
-  return v => `${fmt(v)} ${unit}`;
-}
-
-/** A MiB value small enough to read in KiB (the model+optimizer state beside a process's RSS). */
-function sizeLabel(unit: string): (v: number) => string {
-  return unit === 'MiB' ? v => (v < 1 ? `${(v * 1024).toFixed(1)} KiB` : `${v.toFixed(1)} MiB`) : formatter(unit);
-}
-
-/** One panel, by its kind. */
-export function drawPanel(p: Panel, width: number, height: number): SVGSVGElement {
-  const className = `jp-jdist-chart-${p.key}`;
-  if (p.kind === 'line') {
-    const s = p.series[0];
-    return lineChart({
-      width,
-      height,
-      title: p.title,
-      steps: s?.x ?? [],
-      values: s?.y ?? [],
-      low: s?.low ?? undefined,
-      high: s?.high ?? undefined,
-      color: s?.color,
-      xTitle: p.x_title,
-      className
-    });
-  }
-  return barChart({
-    width,
-    height,
-    title: p.title,
-    categories: p.categories,
-    stacked: p.stacked,
-    series: p.series.map(s => ({ name: s.name, color: s.color, values: s.values, label: s.labels ? sizeLabel(p.unit) : undefined })),
-    format: formatter(p.unit),
-    className
-  });
 }
 
 /** The run view in a main-area tab. */

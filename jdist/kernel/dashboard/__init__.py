@@ -1,8 +1,8 @@
-"""The notebook dashboard: the live widget while a cell runs (:mod:`~jdist.kernel.dashboard.widget`)
-and the static PNG that replaces it (:mod:`~jdist.kernel.dashboard.static`), both drawing the
-panels of :mod:`jdist.metrics.panels`."""
+"""The notebook dashboard: the live widget while a cell runs, drawn by the browser
+(:mod:`~jdist.kernel.dashboard.widget`), and the static SVG that replaces it
+(:mod:`~jdist.kernel.dashboard.static`), both drawing the panels of :mod:`jdist.metrics.panels`."""
 
-from .static import render_png, static_bundle, static_figure
-from .widget import Dashboard, live_figure, preload
+from .static import render_svg, static_bundle
+from .widget import Dashboard, charts_lib, preload
 
-__all__ = ["Dashboard", "live_figure", "preload", "render_png", "static_bundle", "static_figure"]
+__all__ = ["Dashboard", "charts_lib", "preload", "render_svg", "static_bundle"]

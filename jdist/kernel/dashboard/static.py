@@ -1,106 +1,231 @@
-"""The kernel-free dashboard: every panel of :data:`jdist.metrics.panels.PANELS` drawn with
-matplotlib into a PNG (every step, no thinning), which replaces the live view at the end of a
-cell so a saved notebook shows the results without a kernel (GitHub, nbviewer).
+"""The kernel-free dashboard: every panel of :data:`jdist.metrics.panels.PANELS` drawn as one SVG
+image, which replaces the live view at the end of a cell so that a saved notebook shows the
+results without a kernel (JupyterLab, GitHub, nbviewer, VS Code all render ``image/svg+xml``).
+
+Plain string building, no plotting library: the whole image takes a few milliseconds, so the
+end of a cell costs the kernel next to nothing. Lines longer than
+:data:`~jdist.metrics.panels.MAX_POINTS` are thinned as in the live views (a bucket's mean, its
+band's min and max). The drawing follows ``labextension/src/charts.ts`` (the browser's charts).
+Each chart is a ``<g class="panel" data-panel="<key>">``; each line ``data-points`` holds its
+number of points, each bar ``data-value`` its value (tests read them).
 
 Example:
     >>> from jdist.metrics import Run
-    >>> len(static_figure(Run("x", 1, records=[])).axes)
+    >>> svg = render_svg(Run("x", 1, records=[]))
+    >>> svg.startswith("<svg") and svg.count('class="panel"')
     4
 """
 
 from __future__ import annotations
 
-import io
 import math
+from html import escape
 from typing import Any
 
 from jdist.metrics import Run
-from jdist.metrics.panels import panels
-from jdist.protocol import BarPanel, LinePanel
+from jdist.metrics.panels import panels, thin_panel
+from jdist.protocol import BarPanel, LinePanel, Panel
+
+#: Size of one panel, in SVG pixels; two panels per row.
+PANEL_W, PANEL_H = 500, 280
+_MARGIN = {"left": 58, "right": 14, "top": 30, "bottom": 34}
+_HEADER = 28
+_FONT = 'font-family="sans-serif"'
 
 
-def _array(values: list[Any]) -> Any:
-    import numpy as np
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """About ``count`` round tick values covering [lo, hi] (as ``niceTicks`` in charts.ts).
 
-    return np.array([math.nan if v is None else v for v in values], dtype=float)
-
-
-def _line(ax: Any, panel: LinePanel) -> None:
-    banded = False
-    for s in panel["series"]:
-        if not s["x"]:
-            continue
-        if s["low"] is not None and s["high"] is not None:
-            ax.fill_between(s["x"], _array(s["low"]), _array(s["high"]), color=s["color"], alpha=0.25, label="min–max")
-            banded = True
-        ax.plot(s["x"], _array(s["y"]), color=s["color"], label=s["name"])
-    if banded:
-        ax.legend(fontsize=8)
-    ax.set_xlabel(panel["x_title"])
-
-
-def _bars(ax: Any, panel: BarPanel) -> None:
-    import numpy as np
-
-    x = np.arange(len(panel["categories"]))
-    series = panel["series"]
-    width = 0.8 if panel["stacked"] else 0.8 / max(1, len(series))
-    bottom = np.zeros(len(x))
-    for j, s in enumerate(series):
-        values = np.nan_to_num(_array(s["values"]))
-        if panel["stacked"]:
-            bars = ax.bar(x, values, width, bottom=bottom, color=s["color"], label=s["name"])
-            bottom = bottom + values
-        else:
-            offset = (j - (len(series) - 1) / 2) * width
-            bars = ax.bar(x + offset, values, width, color=s["color"], label=s["name"])
-        if s["labels"] and any(v for v in s["values"]):
-            ax.bar_label(bars, fmt="%.1f", fontsize=7, color=s["color"])
-    ax.set_xticks(x, panel["categories"])
-    ax.margins(y=0.25)  # room above the bars for a legend that does not cover them
-    ax.legend(fontsize=8, ncols=len(series), loc="upper center", columnspacing=1.0, handlelength=1.5)
-
-
-def static_figure(run: Run, dpi: int = 100) -> Any:
-    """The panels of ``run`` as a matplotlib ``Figure`` on an Agg canvas (no pyplot), every step drawn."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    drawn = panels(run)
-    rows = math.ceil(len(drawn) / 2)
-    fig = Figure(figsize=(10, 3.1 * rows), dpi=dpi, layout="constrained")
-    FigureCanvasAgg(fig)
-    fig.suptitle(f"jdist run {run.run_id}: {run.status}, {run.world_size} ranks", fontsize=11)
-    axes = fig.subplots(rows, 2, squeeze=False).flatten()
-    for ax, panel in zip(axes, drawn):
-        ax.set_title(panel["title"], fontsize=10)
-        if panel["kind"] == "line":
-            _line(ax, panel)
-        else:
-            _bars(ax, panel)
-    for ax in axes[len(drawn):]:
-        ax.remove()
-    return fig
-
-
-def render_png(run: Run, dpi: int = 100) -> bytes:
-    """:func:`static_figure` of ``run`` as PNG bytes.
-
-    >>> render_png(Run("x", 1, records=[]))[:4]
-    b'\\x89PNG'
+    >>> nice_ticks(0, 1)
+    [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     """
-    buf = io.BytesIO()
-    static_figure(run, dpi).savefig(buf, format="png")
-    return buf.getvalue()
+    if not hi > lo:
+        pad = abs(lo) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / max(1, count)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), 10 * mag)
+    ticks, v = [], math.ceil(lo / step - 1e-9) * step
+    while v <= hi + step * 1e-9:
+        ticks.append(0.0 if abs(v) < step * 1e-9 else float(f"{v:.12g}"))
+        v += step
+    return ticks
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """Short numbers for labels (as ``fmt`` in dom.ts).
+
+    >>> fmt(0.000123), fmt(1234), fmt(0.5)
+    ('1.23e-4', '1234', '0.5')
+    """
+    if value is None or not math.isfinite(value):
+        return "–"
+    a = abs(value)
+    if a != 0 and (a >= 1e5 or a < 1e-3):
+        mant, exp = f"{value:.{digits - 1}e}".split("e")
+        return f"{mant}e{int(exp)}"
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{float(f'{value:.{digits}g}')}"
+
+
+def _ok(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _text(x: float, y: float, s: str, cls: str, anchor: str = "start", size: int = 10, fill: str = "#555",
+          weight: str = "normal") -> str:
+    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" fill="{fill}" '
+            f'font-weight="{weight}" class="{cls}">{escape(s)}</text>')
+
+
+class _Frame:
+    """One panel's box: title, legend, plot area, y axis."""
+
+    def __init__(self, x0: float, y0: float, title: str, legend: list[tuple[str, str]]) -> None:
+        self.parts: list[str] = [_text(x0 + 4, y0 + 16, title, "title", size=12, fill="#222", weight="600")]
+        lx = x0 + PANEL_W - _MARGIN["right"]
+        for name, color in reversed(legend):
+            self.parts.append(_text(lx, y0 + 16, name, "legend", anchor="end"))
+            lx -= len(name) * 6.2 + 4
+            self.parts.append(f'<rect x="{lx - 10:.1f}" y="{y0 + 7}" width="10" height="10" fill="{color}"/>')
+            lx -= 18
+        self.left, self.top = x0 + _MARGIN["left"], y0 + _MARGIN["top"]
+        self.width = PANEL_W - _MARGIN["left"] - _MARGIN["right"]
+        self.height = PANEL_H - _MARGIN["top"] - _MARGIN["bottom"]
+
+    def y_axis(self, lo: float, hi: float) -> Any:
+        ticks = nice_ticks(lo, hi, max(2, int(self.height // 35)))
+        y0, y1 = min(lo, ticks[0]), max(hi, ticks[-1])
+
+        def sy(y: float) -> float:
+            return self.top + self.height - (y - y0) / ((y1 - y0) or 1) * self.height
+
+        for t in ticks:
+            y = sy(t)
+            self.parts.append(f'<line x1="{self.left}" x2="{self.left + self.width}" y1="{y:.1f}" y2="{y:.1f}" '
+                              'stroke="#e0e0e0"/>')
+            self.parts.append(_text(self.left - 6, y + 4, fmt(t), "tick", anchor="end"))
+        return sy
+
+    def no_data(self) -> None:
+        self.parts.append(_text(self.left + self.width / 2, self.top + self.height / 2, "no data", "nodata",
+                                anchor="middle", size=12, fill="#999"))
+
+
+def _line_panel(p: LinePanel, x0: float, y0: float) -> list[str]:
+    s = p["series"][0] if p["series"] else None
+    band = s is not None and s["low"] is not None
+    legend = [(s["name"], s["color"]), ("min–max", s["color"] + "4d")] if s and band else []
+    f = _Frame(x0, y0, p["title"], legend)
+    xs = s["x"] if s else []
+    values = [v for v in (s["y"] + (s["low"] or []) + (s["high"] or []) if s else []) if _ok(v)]
+    if not xs or not values or s is None:
+        f.no_data()
+        return f.parts
+    sy = f.y_axis(min(values), max(values))
+    lo_x, hi_x = xs[0], xs[-1]
+
+    def sx(x: float) -> float:
+        return f.left + (x - lo_x) / ((hi_x - lo_x) or 1) * f.width
+
+    for t in nice_ticks(lo_x, hi_x if hi_x != lo_x else lo_x + 1, max(2, int(f.width // 70))):
+        if lo_x <= t <= hi_x:
+            f.parts.append(_text(sx(t), f.top + f.height + 14, fmt(t, 4), "tick", anchor="middle"))
+    f.parts.append(_text(f.left + f.width, f.top + f.height + 28, p["x_title"], "axis", anchor="end"))
+    if band:
+        run: list[int] = []
+        for i in range(len(xs) + 1):
+            if i < len(xs) and _ok(s["low"][i]) and _ok(s["high"][i]):
+                run.append(i)
+                continue
+            if run:
+                up = [f"{sx(xs[j]):.1f},{sy(s['high'][j]):.1f}" for j in run]
+                down = [f"{sx(xs[j]):.1f},{sy(s['low'][j]):.1f}" for j in reversed(run)]
+                f.parts.append(f'<path d="M{"L".join(up)}L{"L".join(down)}Z" fill="{s["color"]}" '
+                               'fill-opacity="0.25" stroke="none" class="band"/>')
+            run = []
+    d, pen = [], False
+    for x, y in zip(xs, s["y"]):
+        if not _ok(y):
+            pen = False
+            continue
+        d.append(f"{'L' if pen else 'M'}{sx(x):.1f},{sy(y):.1f}")
+        pen = True
+    points = sum(1 for y in s["y"] if _ok(y))
+    f.parts.append(f'<path d="{"".join(d)}" fill="none" stroke="{s["color"]}" stroke-width="1.8" class="line" '
+                   f'data-series="{escape(s["name"])}" data-points="{points}"/>')
+    return f.parts
+
+
+def _bar_panel(p: BarPanel, x0: float, y0: float) -> list[str]:
+    f = _Frame(x0, y0, p["title"], [(s["name"], s["color"]) for s in p["series"]])
+    cats, series = p["categories"], p["series"]
+
+    def val(s: Any, i: int) -> float:
+        v = s["values"][i]
+        return v if _ok(v) else 0.0
+
+    totals = [sum(val(s, i) for s in series) if p["stacked"] else max([val(s, i) for s in series] or [0.0])
+              for i in range(len(cats))]
+    top = max(totals or [0.0])
+    if not cats or not top > 0:
+        f.no_data()
+        return f.parts
+    sy = f.y_axis(0, top * 1.08)
+    band = f.width / len(cats)
+    bar_w = min(60, band * 0.7)
+    for i, cat in enumerate(cats):
+        cx = f.left + band * (i + 0.5)
+        f.parts.append(_text(cx, f.top + f.height + 14, cat, "tick", anchor="middle"))
+        base = 0.0
+        for j, s in enumerate(series):
+            v = s["values"][i]
+            if not _ok(v):
+                continue
+            w = bar_w if p["stacked"] else bar_w / len(series)
+            left = cx - bar_w / 2 + (0 if p["stacked"] else j * w)
+            y_from = base if p["stacked"] else 0.0
+            bar_width = max(1.0, w - (0 if p["stacked"] else 2))
+            f.parts.append(f'<rect x="{left:.1f}" y="{sy(y_from + v):.1f}" width="{bar_width:.1f}" '
+                           f'height="{max(0.0, sy(y_from) - sy(y_from + v)):.1f}" fill="{s["color"]}" class="bar" '
+                           f'data-series="{escape(s["name"])}" data-category="{escape(cat)}" data-value="{v:.6g}"/>')
+            if s["labels"]:
+                label = f"{v * 1024:.1f} KiB" if p["unit"] == "MiB" and v < 1 else f"{v:.1f}"
+                f.parts.append(_text(left + w / 2, sy(y_from + v) - 3, label, "barlabel", anchor="middle",
+                                     fill=s["color"]))
+            if p["stacked"]:
+                base += v
+    return f.parts
+
+
+def render_svg(run: Run, drawn: list[Panel] | None = None) -> str:
+    """Every panel of ``run`` (or the ``drawn`` panels) in one SVG image, two per row."""
+    drawn = panels(run) if drawn is None else drawn
+    rows = max(1, math.ceil(len(drawn) / 2))
+    width, height = 2 * PANEL_W, _HEADER + rows * PANEL_H
+    title = f"jdist run {run.run_id}: {run.status}, {run.world_size} ranks"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" {_FONT} role="img" aria-label="{escape(title)}">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             _text(width / 2, 18, title, "suptitle", anchor="middle", size=13, fill="#222", weight="600")]
+    for i, panel in enumerate(drawn):
+        x0, y0 = (i % 2) * PANEL_W, _HEADER + (i // 2) * PANEL_H
+        body = _line_panel(thin_panel(panel), x0, y0) if panel["kind"] == "line" else _bar_panel(panel, x0, y0)
+        parts.append(f'<g class="panel" data-panel="{escape(panel["key"])}" data-title="{escape(panel["title"])}">')
+        parts += body
+        parts.append("</g>")
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def static_bundle(run: Run) -> dict[str, Any]:
-    """The kernel-free figure of ``run``: ``image/png`` (bytes) with ``text/plain`` (the summary) as fallback.
+    """The kernel-free figure of ``run``: ``image/svg+xml`` with ``text/plain`` (the summary) as fallback.
 
-    Frontends show the PNG; the dashboard prints the summary text below it, so the saved
+    Frontends show the image; the dashboard prints the summary text below it, so the saved
     notebook holds the image once and the text once.
 
     >>> sorted(static_bundle(Run("x", 1, records=[])))
-    ['image/png', 'text/plain']
+    ['image/svg+xml', 'text/plain']
     """
-    return {"text/plain": run.summary(), "image/png": render_png(run)}
+    return {"text/plain": run.summary(), "image/svg+xml": render_svg(run)}
