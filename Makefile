@@ -47,8 +47,9 @@ chromium:
 labextension: venv
 	VENV=$(VENV) tools/build_labextension.sh
 
-bench: venv horovod
+bench: venv horovod chromium
 	$(BIN)/python benchmarks/bench_overhead.py
+	$(BIN)/python benchmarks/bench_dashboard.py
 	$(BIN)/python benchmarks/bench_backends.py
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 

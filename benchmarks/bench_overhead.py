@@ -16,7 +16,7 @@ Measured side by side in one run, on 2 CPU ranks (gloo):
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_overhead.py [--steps 200] [--warmup 20] [--repeats 5]
+    .venv/bin/python benchmarks/bench_overhead.py [--steps 300] [--warmup 20] [--repeats 9]
                                                   [--empty-runs 30] [--json results.json]
 
 See docs/benchmarks.md for what the figures mean and the figures of one run.
@@ -432,9 +432,9 @@ def print_report(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200, help="timed training steps per run (default 200)")
+    parser.add_argument("--steps", type=int, default=300, help="timed training steps per run (default 300)")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps dropped before timing (default 20)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each training variant (default 5)")
+    parser.add_argument("--repeats", type=int, default=9, help="runs of each training variant (default 9)")
     parser.add_argument("--empty-runs", type=int, default=30, help="empty cells timed per kind (default 30)")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernelspec to run (default python3)")
     parser.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cold["ready_s"] = float(ready.group(1)) if ready else None
 
         # Round 0, not in the table: the first training cells of the session pay one-off costs
-        # (the kernel imports plotly/ipywidgets/matplotlib for the first dashboard).
+        # (the kernel imports ipywidgets/anywidget and opens the chart library widget for the first dashboard).
         first: dict[str, Any] = {}
         for v in JDIST_VARIANTS:
             print(f"warm-up round: {v}...", flush=True)
