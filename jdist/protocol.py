@@ -14,10 +14,13 @@ kernel -> server       cluster state file (0600 JSON)              :class:`Clust
 kernel -> server       run folders (``meta.json`` + records)       :class:`RunMeta`, :data:`Record`
 server -> browser      REST replies                                :class:`ClusterModel`, :class:`RunSummaryModel`,
                                                                    :class:`RunDetailModel`, :data:`Panel`...
+kernel -> browser      the live dashboard widget: new points       :class:`LivePoints` (+ float64 buffers),
+                       (custom message), layout, bars, header      :data:`Panel`, :class:`DashboardHead`
+                       (widget state)
 =====================  ==========================================  =============================
 
 Wire shapes are ``TypedDict`` s (plain JSON-able dicts). The TypeScript side's types are
-generated from the REST models (:func:`typescript`, written to
+generated from the REST and widget models (:func:`typescript`, written to
 ``labextension/src/protocol.ts`` by ``tools/gen_protocol_ts.py``); a test regenerates them
 and fails when the committed file differs.
 

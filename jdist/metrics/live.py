@@ -12,10 +12,10 @@ and says, on each :meth:`~LivePanels.update`, only what changed since the last o
 A line's points are computed by :func:`jdist.metrics.panels.line_points`, as for the full
 panels, for the new steps only. A step's point is sent once every rank that logs the panel's
 metric has reached that step (the slowest rank sets the pace), so a point is normally sent
-once, already final. Records
-that arrive for a step already sent (a rank that started late, a resent batch) make the
-series resend from that step (``replace_from``); a panel whose metric changed is sent whole
-(``reset``). Once every record is in, the points sent equal the line panels of
+once, already final; nothing is sent until every rank has sent a record (at most ``hold_s``).
+Records that arrive for a step already sent (a rank that started late, a resent batch) make the
+series resend from that step (``replace_from``); a line whose metric changed starts over
+(``reset``). Once every rank has reached the last step, the points sent equal the line panels of
 :func:`~jdist.metrics.panels.panels` (tests check it).
 
 Example:
