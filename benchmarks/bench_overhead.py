@@ -13,6 +13,9 @@ Measured side by side in one run, on 2 CPU ranks (gloo):
    end, ``%dist restart --fresh`` and ``%dist stop``.
 3. Warm empty-cell round trip: ``%%distributed pass`` vs ipyparallel's ``%%px pass`` on
    the same engines (and ``view.execute("pass", block=True)`` as the floor), interleaved.
+4. Communication time: the same loop with ``jdist.log`` for ``--steps`` steps under
+   ``torch.profiler``; each rank's sum of jdist's ``comm_time_s`` over those steps beside the
+   sum of the profiler's ``gloo:all_reduce`` events.
 
 Usage::
 
@@ -233,6 +236,33 @@ _emit(times=[o["times"] for o in bench_out], loss=[o["loss"] for o in bench_out]
       kernel_cpu_s=_c1[0] - _c0[0], controller_cpu_s=None if _c0[1] is None else _c1[1] - _c0[1])
 """
 
+COMM_CELL = """
+_code = {code!r}
+get_ipython().run_cell_magic("distributed", "", _code)
+get_ipython().run_line_magic("dist", "pull bench_out")
+_h = jdist.last_run().history
+_h = _h[_h["step"] >= {warmup}]
+_emit(profiler_s=[o["profiler_comm_s"] for o in bench_out], events=[o["events"] for o in bench_out],
+      jdist_s=[float(_h[_h["rank"] == r]["comm_time_s"].sum()) for r in range({ranks})],
+      steps=[int((_h["rank"] == r).sum()) for r in range({ranks})])
+"""
+
+COMM_CODE = """
+import importlib.util as _ilu
+from torch.profiler import profile, ProfilerActivity
+_spec = _ilu.spec_from_file_location("jdist_bench_loop", {path!r})
+_bench = _ilu.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+_model, _x, _y = _bench.build(rank, {total})
+_model = jdist.prepare(_model)
+_bench.train(_model, _x[:{warmup}], _y[:{warmup}], log=lambda i, v: jdist.log(step=i, loss=v))
+with profile(activities=[ProfilerActivity.CPU]) as _prof:
+    _bench.train(_model, _x[{warmup}:], _y[{warmup}:], log=lambda i, v: jdist.log(step={warmup} + i, loss=v))
+_ev = [e for e in _prof.events() if e.name == "gloo:all_reduce"]
+bench_out = {{"profiler_comm_s": sum(e.time_range.elapsed_us() for e in _ev) / 1e6, "events": len(_ev)}}
+del _model, _x, _y, _prof, _ev
+"""
+
 EMPTY_CELL = """
 _ip = get_ipython()
 _rc = jdist.kernel.cluster.current().client
@@ -310,23 +340,28 @@ TARGETS = {
     "stop_s": 1.0,             # %dist stop
     "restart_s": 5.0,          # %dist restart --fresh (2 ranks, no cell replayed)
     "log_call_us": 10.0,       # one jdist.log call on a rank (the hot path)
+    "comm_vs_profiler_pct": 15.0,  # jdist's comm time vs torch.profiler's on the same steps
 }
 
 
 def log_call_cost(calls: int = 20000) -> dict[str, float]:
     """One ``jdist.log(step=, loss=)`` call, in µs: the median of 5 runs of ``calls`` calls on
-    one process's rank session (records go to a list; batches are filled and "sent" every 0.1 s
-    as on a rank)."""
+    one process's rank session (records go to a list; the publisher thread completes and "sends"
+    them every 0.1 s, as on a rank)."""
     import jdist
     from jdist.rank.session import local_session
 
     runs = []
-    with local_session():
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for i in range(calls):
-                jdist.log(step=i, loss=0.5)
-            runs.append((time.perf_counter() - t0) / calls * 1e6)
+    with local_session() as s:
+        s.start_publisher()  # as on a rank: a thread completes and sends the records every 0.1 s
+        try:
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for i in range(calls):
+                    jdist.log(step=i, loss=0.5)
+                runs.append((time.perf_counter() - t0) / calls * 1e6)
+        finally:
+            s.stop_publisher()
     return {"median_us": statistics.median(runs), "min_us": min(runs), "max_us": max(runs)}
 
 
@@ -336,6 +371,7 @@ def print_targets(res: dict[str, Any]) -> None:
     ratio = steps["jdist_log"]["paired_ratio"]["median"]
     cell = steps["jdist_log"]["cell_wall_s"]["median"]
     kernel_pct = 100 * steps["jdist_log"]["kernel_cpu_s"]["median"] / cell
+    comm_dev = max(abs(j / p - 1) for p, j in zip(res["comm"]["profiler_s"], res["comm"]["jdist_s"]))
     rows = [
         ("step time ratio, jdist.log every step + dashboard / torchrun", f"{ratio:.3f}x",
          f"<= {TARGETS['step_ratio']:.2f}x", ratio <= TARGETS["step_ratio"]),
@@ -346,6 +382,8 @@ def print_targets(res: dict[str, Any]) -> None:
         ("%dist stop", f"{cold['stop_s']:.2f} s", f"<= {TARGETS['stop_s']:.0f} s", cold["stop_s"] <= TARGETS["stop_s"]),
         ("%dist restart --fresh (new ranks, no cell replayed)", f"{cold['restart_s']:.2f} s",
          f"<= {TARGETS['restart_s']:.0f} s", cold["restart_s"] <= TARGETS["restart_s"]),
+        ("comm time, jdist vs torch.profiler, worst rank (|ratio - 1|)", f"{comm_dev * 100:.1f} %",
+         f"<= {TARGETS['comm_vs_profiler_pct']:.0f} %", comm_dev * 100 <= TARGETS["comm_vs_profiler_pct"]),
         ("one jdist.log call on a rank (median of 5 x 20000)", f"{res['log_call']['median_us']:.1f} us",
          f"<= {TARGETS['log_call_us']:.0f} us", res["log_call"]["median_us"] <= TARGETS["log_call_us"]),
     ]
@@ -425,6 +463,13 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"   {label:<42}{ms(d['min'])}{ms(d['median']):>9}{ms(d['p90']):>9}")
     print(f"   ratio %%distributed / %%px (medians): {e['distributed']['median'] / e['px']['median']:.2f}x")
     print()
+    c = res["comm"]
+    print(f"4. Communication time per rank over the same {c['steps'][0]} steps, jdist's comm_time_s (DDP comm hook) "
+          "vs torch.profiler's gloo:all_reduce events")
+    print(f"   {'rank':<8}{'profiler':>12}{'jdist':>12}{'jdist/profiler':>16}{'events':>8}")
+    for r, (p, j, n) in enumerate(zip(c["profiler_s"], c["jdist_s"], c["events"])):
+        print(f"   {r:<8}{p * 1e3:>10.1f}ms{j * 1e3:>10.1f}ms{j / p:>15.3f}x{n:>8}")
+    print()
     print_targets(res)
     print(f"total benchmark time: {res['total_s']:.1f} s")
 
@@ -494,6 +539,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         res["empty"] = {"runs": args.empty_runs}
         for k, xs in rec.items():
             res["empty"][k] = {**spread(xs), "p90": quantile(xs, 0.9)}
+        print("communication time vs torch.profiler...", flush=True)
+        comm_code = COMM_CODE.format(path=str(PLAIN_SCRIPT), total=total_steps, warmup=args.warmup)
+        res["comm"], _ = kernel.run_one(COMM_CELL.format(code=comm_code, warmup=args.warmup, ranks=RANKS))
         print("%dist restart, then %dist stop...", flush=True)
         rec, _ = kernel.run_one(RESTART_CELL)
         cold.update(rec)

@@ -103,3 +103,28 @@ def test_cpu_fsdp_ranks_on_a_gpu_machine(kernel):
     )
     assert out.stdout.strip() == "True cpu cpu"
     kernel.run("%dist stop")
+
+
+def test_gpu_log_of_cuda_tensors_never_synchronises(kernel):
+    # jdist.log(loss=<CUDA tensor>) copies it to the host asynchronously; with CUDA's sync debug
+    # mode at "error", any synchronising call (such as .item()) in the step raises
+    kernel.run("%%distributed --gpus 1 --backend ddp --restart\nimport torch, torch.nn as nn")
+    out = kernel.run(
+        "%%distributed\n"
+        "model = jdist.prepare(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10)))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x = torch.randn(64, 512, device=device)\n"
+        "expected = []\n"
+        "for step in range(20):\n"
+        "    loss = model(x).square().mean(); opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    torch.cuda.set_sync_debug_mode('error')\n"
+        "    jdist.log(step=step, loss=loss, acc=loss.detach() * 0 + 0.5)\n"
+        "    torch.cuda.set_sync_debug_mode('default')\n"
+        "    expected.append(loss.item())\n"
+    )
+    assert out.error is None, out.traceback
+    kernel.run("%dist pull expected")
+    losses = kernel.value("jdist.last_run().history.sort_values('step').loss.tolist()")
+    assert losses == pytest.approx(kernel.value("expected")[0], rel=1e-6)
+    assert kernel.value("set(jdist.last_run().history.acc)") == {0.5}
+    kernel.run("%dist stop")

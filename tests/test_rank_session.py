@@ -62,8 +62,7 @@ def test_sources_produce_exactly_the_automatic_metrics():
 
 def test_records_are_numbered_batched_and_counted_at_the_cell_end():
     ch = ListChannel()
-    with local_session(ch) as s:
-        s.stream.flush_interval = 3600  # nothing is published before the cell ends
+    with local_session(ch) as s:  # no publisher thread: nothing is published before the cell ends
         for step in range(5):
             jdist.log(step=step, x=float(step))
         assert ch.messages == []
@@ -79,10 +78,9 @@ def test_the_hot_path_only_records_memory_is_read_once_per_batch(monkeypatch):
     monkeypatch.setattr(Memory, "read", lambda self, s: reads.append(1) or real(self, s))
     ch = ListChannel()
     with local_session(ch) as s:
-        s.stream.flush_interval = 3600
         for step in range(100):
             jdist.log(step=step, loss=0.5)
-        assert reads == []  # no /proc read, no CUDA query in jdist.log
+        assert reads == [] and len(s.stream.pending) == 100  # no /proc read, no CUDA query in jdist.log
         end = s.end_cell()
     assert len(reads) == 1
     assert len({(r["mem_bytes"], r["mem_peak_bytes"]) for r in end["records"]}) == 1 and end["records"][0]["mem_bytes"] > 0
@@ -110,20 +108,21 @@ def test_cuda_comm_events_are_read_once_complete_and_never_waited_for_during_a_c
 
     ch = ListChannel()
     with local_session(ch) as s:
-        s.stream.flush_interval = 0  # a batch at every log
         sent = lambda: [(r["step"], r["comm_time_s"]) for m in ch.messages for r in m["records"]]  # noqa: E731
         s.timer.record_cuda(FakeCudaEvent(0.0), FakeCudaEvent(0.002))
         time.sleep(0.01)
         jdist.log(step=0)
+        s.publish_due()
         assert sent() == [(0, pytest.approx(0.002))]
         late = FakeCudaEvent(0.004, done=False)  # the GPU has not reached the end of this all-reduce
         s.timer.record_cuda(FakeCudaEvent(0.0), late)
         time.sleep(0.01)
         jdist.log(step=1)
         jdist.log(step=2)  # no communication, but it comes after step 1
-        assert [step for step, _ in sent()] == [0]  # both wait; nothing waited for the GPU
+        assert s.publish_due() == 0 and [step for step, _ in sent()] == [0]  # both wait; nothing waited for the GPU
         late.done = True
         jdist.log(step=3)
+        assert s.publish_due() == 3
         assert [step for step, _ in sent()] == [0, 1, 2, 3] and sent()[1][1] == pytest.approx(0.004)
         assert late.waited == 0
         pending = FakeCudaEvent(0.001, done=False)
@@ -140,7 +139,7 @@ def test_reserved_names_and_batch_size_give_samples_per_s():
             jdist.log(step_time_s=1.0)
         jdist.progress(total_steps=10, batch_size=32)
         jdist.log(loss=1.0)
-        rec = s.stream.pending[-1]
+        (rec,) = s.end_cell()["records"]
         assert rec["samples_per_s"] == pytest.approx(32 / rec["step_time_s"])
         assert s.stream.total_steps == 10
 
@@ -152,3 +151,73 @@ def test_log_hooks_see_every_record():
         for step in (5, 6):
             jdist.log(step=step)
     assert seen == [5, 6]
+
+
+def test_log_takes_no_lock_and_the_publisher_thread_sends_batches():
+    import threading
+    import time
+
+    ch = ListChannel()
+    with local_session(ch) as s:
+        with s._lock:  # as while the publisher thread completes a batch
+            done = threading.Event()
+            threading.Thread(target=lambda: (jdist.log(step=0, loss=1.0), done.set()), daemon=True).start()
+            assert done.wait(5), "jdist.log waited for the publisher's lock"
+        s.stream.flush_interval = 0.01
+        s.start_publisher()
+        try:
+            for step in range(1, 50):
+                jdist.log(step=step, loss=1.0)
+            deadline = time.monotonic() + 10
+            while sum(len(m["records"]) for m in ch.messages) < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [r["step"] for m in ch.messages for r in m["records"]] == list(range(50))  # in order, once each
+            assert all(r["step_time_s"] is not None for m in ch.messages for r in m["records"])
+            end = s.end_cell()
+        finally:
+            s.stop_publisher()
+    assert end["records"] == [] and end["count"] == 50
+
+
+class FakeDeviceTensor:
+    """Stands in for a one-element CUDA tensor (this machine has no CUDA; tests/test_gpu.py logs real ones)."""
+
+    device = type("Device", (), {"type": "cuda"})()
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def numel(self) -> int:
+        return 1
+
+    def item(self) -> float:
+        raise AssertionError("jdist.log synchronised with the GPU (.item() on a CUDA tensor)")
+
+
+class FakeHostCopy:
+    def __init__(self, value: float):
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+
+def test_cuda_tensor_values_are_copied_without_a_sync_and_sent_once_arrived(monkeypatch):
+    events = []
+
+    def defer(value):
+        events.append(FakeCudaEvent(0.0, done=False))
+        return FakeHostCopy(value.value), events[-1]
+
+    monkeypatch.setattr(api, "defer_device_value", defer)
+    ch = ListChannel()
+    with local_session(ch) as s:
+        jdist.log(step=0, loss=FakeDeviceTensor(0.25), lr=0.1)
+        assert s.publish_due() == 0 and ch.messages == []  # the copy has not arrived: wait, do not block
+        events[0].done = True
+        assert s.publish_due() == 1
+        (rec,) = ch.messages[0]["records"]
+        assert rec["loss"] == 0.25 and rec["lr"] == 0.1
+        jdist.log(step=1, loss=FakeDeviceTensor(0.5))
+        end = s.end_cell()  # the cell's end waits for the copy
+    assert events[1].waited == 1 and end["records"][0]["loss"] == 0.5

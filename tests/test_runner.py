@@ -92,18 +92,28 @@ def test_run_log_written_to_disk(trained, kernel_env):
     assert len(lines) == 120 and json.loads(lines[0])["loss"] > 0
 
 
+# Transport loss for one cell: the ranks keep their records, but neither the live batches nor the
+# records with the cell's end reach the kernel (only the end message's count does).
+LOSE_RECORDS = (
+    "_s = jdist.rank.session(); _send = type(_s.channel).publish.__get__(_s.channel)\n"
+    "def _lossy(m):\n"
+    "    if m['kind'] == 'cell_end':\n"
+    "        _s.channel.publish = _send\n"
+    "        _send({**m, 'records': []})\n"
+    "    elif m['kind'] != 'records':\n"
+    "        _send(m)\n"
+    "_s.channel.publish = _lossy\n"
+)
+
+
 def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
-    # Drop every live batch on the ranks: only the end-of-cell count reaches the kernel,
+    # Lose every record in transport: only the end-of-cell count reaches the kernel,
     # and the kernel must fetch all records itself.
     cluster_kernel.run(
-        "%%distributed\n"
-        "_stream = jdist.rank.session().stream\n"
-        "_stream.flush = lambda *args: _stream.pending.clear()\n"
+        "%%distributed\n" + LOSE_RECORDS +
         "for step in range(25):\n"
         "    jdist.log(step=step, x=float(step))\n"
         "    if step % 5 == 0: __import__('time').sleep(0.12)\n"
-        "_stream.pending.clear()\n"
-        "del _stream.flush"
     )
     assert cluster_kernel.value("[jdist.last_run().count(r) for r in (0, 1)]") == [25, 25]
 
@@ -112,12 +122,9 @@ def test_records_beyond_what_ranks_keep_are_reported_lost(cluster_kernel):
     cluster_kernel.run("%%distributed\n_stream = jdist.rank.session().stream\n_stream.keep_first = _stream.keep_last = 5")
     try:
         out = cluster_kernel.run(
-            "%%distributed\n"
-            "_stream.flush = lambda *args: _stream.pending.clear()\n"
+            "%%distributed\n" + LOSE_RECORDS +
             "for step in range(20):\n"
             "    jdist.log(step=step, x=1.0)\n"
-            "_stream.pending.clear()\n"
-            "del _stream.flush"
         )
         assert cluster_kernel.value("[jdist.last_run().count(r) for r in (0, 1)]") == [10, 10]
         assert "10 of 20 records of rank 0 were lost in transport" in out.stderr

@@ -383,14 +383,14 @@ for i, (xb, yb) in enumerate(loader):
         jdist.log(loss=0.0)
     if i == 7:
         break
-recs = jdist.rank.session().stream.first[-4:]
-samples = [r["samples_per_s"] * r["step_time_s"] for r in recs]
-jdist.prepare(make_model(), grad_accum=1)
+_sent = jdist.rank.session().stream.first   # the cell's records as sent (samples/s is filled in then)
 ''')
     lrs = _pull(cluster, "lrs")[0]
     assert lrs == pytest.approx([0.0625, 0.075, 0.0875, 0.1])  # one scheduler step per optimizer step
+    _run(cluster, 'samples = [r["samples_per_s"] * r["step_time_s"] for r in _sent[-4:]]')
     for samples in _pull(cluster, "samples"):
         assert samples == pytest.approx([16.0] * 4)  # 2 micro-batches of 8 per logged step
+    _run(cluster, "jdist.prepare(make_model(), grad_accum=1)")
 
 
 @pytest.mark.backends("horovod")

@@ -71,11 +71,12 @@ class CheckpointPlan:
 
 #: How often the controller pings each engine (ms). It registers an engine when it first hears its
 #: heart, so ipyparallel's default of 3000 ms kept every start waiting about 4 s longer (measured:
-#: 2 engines registered in 6.0 s at 3000 ms, 1.5 s at 500 ms).
-HEARTBEAT_MS = 500
-#: Missed pings before the controller drops an engine: 60 x 500 ms keeps ipyparallel's default
+#: 2 engines registered in 6.0 s at 3000 ms, 1.5 s at 500 ms); 200 ms took the first -n 2 cell
+#: from 3.2-3.8 s to 2.8-2.9 s (3 runs each; the controller's CPU: see docs/benchmarks.md).
+HEARTBEAT_MS = 200
+#: Missed pings before the controller drops an engine: 150 x 200 ms keeps ipyparallel's default
 #: tolerance (10 x 3000 ms = 30 s) for a rank whose machine is busy.
-HEARTBEAT_MISSES = 60
+HEARTBEAT_MISSES = 150
 #: On stop, how long idle ranks get to end their processes themselves (they take ~0.05 s) before
 #: ipyparallel's launcher sends SIGTERM (an engine's own shutdown on SIGTERM takes about a second).
 EXIT_WAIT_S = 2.0
@@ -141,6 +142,7 @@ class ClusterSession:
                                  f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
             )
             launcher.configure(cluster.config)
+            cluster.update_config(cluster.config)  # the Cluster's own options the launcher set
             self.ipp = cluster
             atexit.register(self.stop)  # a kernel that exits stops its cluster
             say(f"Starting {n} MPI rank(s)...")

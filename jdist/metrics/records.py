@@ -104,6 +104,7 @@ class Run:
     def add(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """Add records, dropping duplicates (same rank, cell and seq); return the new ones."""
         new = []
+        by_metric, steps_of, rank_steps = self._by_metric, self._steps, self._rank_steps
         for rec in records:
             key = (rec["rank"], rec.get("cell", 0), rec["seq"])
             if key in self._seen:
@@ -125,15 +126,21 @@ class Run:
                     self._timed[0] = timed
                 elif timed > self._timed[1]:
                     self._timed[1] = timed
-            for name, value in rec.items():
-                if name in RECORD_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
+            for name, value in rec.items():  # per record and field: the kernel's hottest loop
+                kind = type(value)
+                if kind is not float and kind is not int:  # None, strings, bools (type(True) is bool)
+                    if not isinstance(value, (int, float)) or isinstance(value, bool):
+                        continue
+                if name in RECORD_KEYS:
                     continue
-                by_step = self._by_metric[name]
-                if step not in by_step and step is not None:
-                    _insert_sorted(self._steps[name], step)
-                at_step = by_step.setdefault(step, {})
+                by_step = by_metric[name]
+                at_step = by_step.get(step)
+                if at_step is None:
+                    at_step = by_step[step] = {}
+                    if step is not None:
+                        _insert_sorted(steps_of[name], step)
                 if rank not in at_step and step is not None:
-                    _insert_sorted(self._rank_steps[name, rank], step)
+                    _insert_sorted(rank_steps[name, rank], step)
                 at_step[rank] = float(value)
         return new
 

@@ -26,6 +26,10 @@ def default_run_dir() -> Path:
     return Path(jupyter_data_dir()) / "jdist" / "runs"
 
 
+#: One encoder for every line (``json.dumps(rec, default=float)`` builds a new one per call).
+_ENCODER = json.JSONEncoder(default=float)
+
+
 class RunLog:
     """One folder per run: ``meta.json`` and ``metrics.jsonl`` (one record per line).
 
@@ -53,7 +57,8 @@ class RunLog:
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records as JSON lines and flush them to disk."""
-        lines = [json.dumps(r, default=float) + "\n" for r in records]
+        encode = _ENCODER.encode
+        lines = [encode(r) + "\n" for r in records]
         if lines:
             self._fh.writelines(lines)
             self._fh.flush()

@@ -25,6 +25,7 @@ from typing import Any
 from jdist.metrics.records import RESERVED
 
 from .session import describe_rank, session
+from .sources import defer_device_value
 
 
 def prepare(*objs: Any, batch_size: int | None = None, grad_accum: int | None = None, **options: Any) -> Any:
@@ -76,27 +77,41 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
     """Record named scalars for this step, plus the automatic metrics (see jdist.metrics.AUTO_METRICS).
 
     ``step`` defaults to the number of ``log`` calls so far in this cell. Values may be
-    Python numbers or one-element tensors/arrays. Cheap: records are batched and sent at
-    most every 0.1 s.
+    Python numbers or one-element tensors/arrays; a CUDA tensor is copied to the host without
+    waiting for the GPU (no ``.item()`` sync) and its value sent once the copy has arrived.
+    Cheap: it only queues the record; a background thread sends them in batches (0.1 s).
 
     >>> jdist.log(step=step, loss=loss.item(), acc=acc)   # doctest: +SKIP
+    >>> jdist.log(step=step, loss=loss)   # a CUDA tensor: no sync  # doctest: +SKIP
     """
     s = session()
     stream = s.stream
+    seq = stream.seq
     rec: dict[str, Any] = {
         "rank": s.ctx.rank,
         "cell": stream.cell,
-        "seq": stream.seq,
-        "step": stream.seq if step is None else _number("step", step),
+        "seq": seq,
+        "step": seq if step is None else (step if type(step) is int else _number("step", step)),
         "time": time.time(),
     }
+    deferred = None
     for name, value in scalars.items():
         if name in RESERVED:
             raise ValueError(f"jdist.log: {name!r} is a reserved metric name; log it under another name.")
-        rec[name] = _number(name, value)
+        kind = type(value)
+        if kind is float or kind is int:
+            rec[name] = value
+        elif getattr(getattr(value, "device", None), "type", None) == "cuda":
+            if value.numel() != 1:
+                _number(name, value)  # the error that says how to reduce it
+            rec[name] = None  # filled in once the copy has arrived
+            deferred = deferred or []
+            deferred.append((name, *defer_device_value(value)))
+        else:
+            rec[name] = _number(name, value)
     if batch_size is not None:
         s.batch_size = int(batch_size)
-    s.log(rec)
+    s.log(rec, deferred)
 
 
 def info() -> dict[str, Any]:

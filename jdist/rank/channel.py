@@ -6,7 +6,7 @@ keeps them in a list (tests, or a script run without a kernel); :class:`NullChan
 
 Example:
     >>> ch = ListChannel()
-    >>> ch.publish({"v": 2, "kind": "progress", "cell": 1, "total_steps": 10})
+    >>> ch.publish({"v": 3, "kind": "progress", "cell": 1, "total_steps": 10})
     >>> ch.messages[0]["kind"]
     'progress'
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from jdist.protocol import DATA_KEY, DataMessage
+from jdist.protocol import DATA_KEY, DataMessage, encode_data
 
 
 class KernelChannel(Protocol):
@@ -24,13 +24,14 @@ class KernelChannel(Protocol):
 
 
 class DataPubChannel:
-    """The IPython engine's ``data_pub`` (ipyparallel's ``ZMQDataPublisher``)."""
+    """The IPython engine's ``data_pub`` (ipyparallel's ``ZMQDataPublisher``); messages travel
+    pickled once (:func:`jdist.protocol.encode_data`)."""
 
     def __init__(self, data_pub: Any):
         self.data_pub = data_pub
 
     def publish(self, message: DataMessage) -> None:
-        self.data_pub.publish_data({DATA_KEY: message})
+        self.data_pub.publish_data({DATA_KEY: encode_data(message)})
 
 
 class ListChannel:

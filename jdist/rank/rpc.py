@@ -76,7 +76,10 @@ def setup(config: SetupConfig) -> RankInfo:
     backend.setup(ctx, s.timer)
     torchrun.install(ctx, config.get("cluster_id") or "jdist")
     training.set_precision(s.train, config.get("precision") or "fp32")
-    activate(s)
+    previous = activate(s)
+    if previous is not None:
+        previous.stop_publisher()
+    s.start_publisher()
 
     import jdist
 
@@ -141,6 +144,7 @@ def teardown(finalize_within: float = 2.0) -> None:
     s = current()
     if s is not None:
         s.log_hooks.clear()
+        s.stop_publisher()
         if s.backend is not None:
             s.backend.teardown()
         s.backend = None

@@ -41,7 +41,7 @@ from jdist.protocol import CellEndMessage, Record
 
 from .backends.base import Backend, CommTimer, RankContext
 from .channel import KernelChannel, ListChannel
-from .sources import MetricSource, default_sources
+from .sources import MetricSource, ModelState, default_sources, ready, resolve_deferred
 from .stream import RecordStream
 
 
@@ -83,43 +83,107 @@ class RankSession:
     def backend_name(self) -> str:
         return self.spec.name if self.spec is not None else ""
 
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()  # taken by the publisher thread and the cell's start and end, never by log
+        self.publisher: Publisher | None = None
+        self._model_state = next((src for src in self.sources if isinstance(src, ModelState)), None)
+
     def begin_cell(self) -> None:
         """A cell starts (IPython ``pre_run_cell``): new cell id, step clock and sources reset."""
-        now = time.perf_counter()
-        self.stream.begin_cell(now)
-        for source in self.sources:
-            source.begin_cell(self, now)
+        with self._lock:
+            now = time.perf_counter()
+            self.stream.begin_cell()
+            for source in self.sources:
+                source.begin_cell(self, now)
 
     def end_cell(self) -> CellEndMessage:
         """A cell ended (``post_run_cell``): the rest of its records and their count go to the kernel."""
-        self._complete(self.stream.pending, time.perf_counter(), final=True)
-        message = self.stream.end_cell()
-        self.channel.publish(message)
+        with self._lock:
+            pending = list(self.stream.pending)
+            self._fill(pending, ready(pending, final=True), final=True)
+            message = self.stream.end_cell()
+            self.channel.publish(message)
         return message
 
-    def log(self, rec: Record) -> None:
-        """Add the per-step metrics to ``rec``, queue it for the kernel and run the log hooks.
+    def log(self, rec: Record, deferred: list[tuple[str, Any, Any]] | None = None) -> None:
+        """Queue ``rec`` for the kernel and run the log hooks: the hot path.
 
-        The hot path: clock reads and counters only. What needs a device or system query is
-        filled in once per batch, when a batch is due (:meth:`RecordStream.add`).
+        Reads a clock and hands over what the comm timer collected since the previous log; no
+        device query, no syscall, no lock (about once a second it also counts the bytes of model
+        and optimizer state, which only this thread may do). The publisher thread fills in the
+        other automatic metrics (:mod:`jdist.rank.sources`) and sends the records in batches.
         """
         now = time.perf_counter()
-        for source in self.sources:
-            source.sample(self, rec, now)
-        if self.stream.add(rec, now):
-            self.stream.flush(now, self.channel, self._complete(self.stream.pending, now, final=False))
-        for hook in list(self.log_hooks.values()):
-            hook(rec)
+        state = self._model_state
+        if state is not None:  # counted here, on the training thread, about once a second
+            rec["state_bytes"] = state.value if now < state.due else state.count(self, now)
+        timer = self.timer
+        self.stream.add((rec, now, timer.take_intervals(), timer.take_events(), self.train.forwards, deferred))
+        if self.log_hooks:
+            for hook in list(self.log_hooks.values()):
+                hook(rec)
 
-    def _complete(self, batch: list[Record], now: float, final: bool) -> int:
-        """Let every source fill in ``batch``; how many of its first records are complete."""
-        ready = len(batch)
+    def publish_due(self) -> int:
+        """Complete and publish the pending records whose GPU work has finished (the publisher
+        thread calls it every ``stream.flush_interval`` seconds); how many went out."""
+        with self._lock:
+            stream = self.stream
+            if not stream.open or not stream.pending:
+                return 0
+            pending = list(stream.pending)  # a snapshot: log() may append meanwhile
+            count = ready(pending, final=False)
+            self._fill(pending, count, final=False)
+            stream.flush(self.channel, count)
+            return count
+
+    def _fill(self, entries: list[Any], count: int, final: bool) -> None:
+        """Let every source fill in the first ``count`` entries (their GPU work has finished)."""
+        done = entries[:count]
+        if not done:
+            return
+        resolve_deferred(done)
+        now = time.perf_counter()
         for source in self.sources:
-            ready = min(ready, source.publish(self, batch, now, final))
-        return ready
+            source.fill(self, done, now, final)
+
+    def start_publisher(self) -> None:
+        """Publish records from a background thread while cells run (on real ranks; without it,
+        records go out at the cell's end or with :meth:`publish_due`)."""
+        if self.publisher is None:
+            self.publisher = Publisher(self)
+
+    def stop_publisher(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+            self.publisher = None
 
     def publish(self, message: Any) -> None:
         self.channel.publish(message)
+
+
+class Publisher:
+    """The thread that sends a session's records to the kernel every ``stream.flush_interval``
+    seconds, so that the training thread never serializes, signals or waits for a socket."""
+
+    def __init__(self, session: RankSession):
+        self.session = session
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="jdist-publish", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        s = self.session
+        while not self._stop.wait(s.stream.flush_interval):
+            try:
+                s.publish_due()
+            except Exception as exc:  # never let a bad batch end the thread: the cell's end repairs
+                import sys
+
+                print(f"jdist: publishing records failed on rank {s.ctx.rank}: {exc!r}", file=sys.__stderr__)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
 
 
 _current: RankSession | None = None

@@ -1,9 +1,12 @@
 """The automatic metrics: each :class:`MetricSource` adds its fields to the logged records.
 
-A source works at two moments. :meth:`MetricSource.sample` runs on every ``jdist.log`` (the
-hot path) and may only read clocks and counters. :meth:`MetricSource.publish` runs once per
-batch of records on its way to the kernel (at most every 0.1 s, and at the cell's end): device
-and system queries belong there (CUDA memory statistics, CUDA timing events, ``/proc``).
+``jdist.log`` (the hot path) computes none of them: it queues the record with a clock reading,
+the communication intervals and CUDA events recorded since the previous log and the
+training-forward count (:data:`jdist.rank.stream.Entry`). The session's publisher thread later
+takes the leading entries whose GPU work has completed (:func:`ready`, which never waits during
+a cell) and lets every source fill them in with :meth:`MetricSource.fill`, once per batch (at
+most every 0.1 s, and at the cell's end): device and system queries happen there (CUDA memory
+statistics, CUDA timing events, ``/proc``), off the training thread.
 
 :func:`default_sources` gives one source per group of :data:`jdist.metrics.AUTO_METRICS`
 (a test checks that together they produce exactly those names). An automatic metric is
@@ -12,9 +15,9 @@ one entry in ``AUTO_METRICS`` (its name and meaning) plus the source that measur
 Example:
     >>> from jdist.rank.session import local_session
     >>> with local_session() as s:
-    ...     rec = {"rank": 0, "seq": 0, "step": 0}
-    ...     s.log(rec)
-    ...     _ = s.end_cell()
+    ...     import jdist
+    ...     jdist.log(step=0, loss=0.5)
+    ...     rec = s.end_cell()["records"][0]
     >>> sorted(k for k in rec if k.endswith("_s"))
     ['comm_time_s', 'compute_time_s', 'samples_per_s', 'step_time_s']
 """
@@ -23,14 +26,11 @@ from __future__ import annotations
 
 import os
 import resource
-import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from .backends.base import events_seconds
+from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, Entry, T
 
 if TYPE_CHECKING:
-    from jdist.protocol import Record
-
     from .session import RankSession
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -43,65 +43,98 @@ class MetricSource(Protocol):
     def begin_cell(self, s: RankSession, now: float) -> None:
         """A cell starts (``now``: ``time.perf_counter()``)."""
 
-    def sample(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
-        """On every log: set the fields known now in ``rec`` (clocks and counters only)."""
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        """Set this source's fields in the records of ``entries`` (in log order, all complete);
+        ``final``: these are the cell's last."""
 
-    def publish(self, s: RankSession, batch: list[Record], now: float, final: bool) -> int:
-        """Before ``batch`` goes to the kernel: fill in the rest. Returns how many of its first
-        records are complete (the others wait for the next batch); ``final``: the cell ended,
-        complete them all."""
+
+def ready(entries: Sequence[Entry], final: bool) -> int:
+    """How many leading entries have all their GPU work done (CUDA timing events, values logged
+    as CUDA tensors). During a cell nothing waits: the first unfinished entry and the ones after
+    it wait for the next batch. ``final`` (the cell ended): wait for them."""
+    for i, entry in enumerate(entries):
+        for event in _events_of(entry):
+            if not event.query():
+                if not final:
+                    return i
+                event.synchronize()
+    return len(entries)
+
+
+def _events_of(entry: Entry) -> list[Any]:
+    events = [end for _, end in entry[EVENTS]] if entry[EVENTS] else []
+    if entry[DEFERRED]:
+        events.extend(event for _, _, event in entry[DEFERRED])
+    return events
+
+
+def resolve_deferred(entries: Sequence[Entry]) -> None:
+    """Put the values logged as device tensors into their records (their copies have arrived)."""
+    for entry in entries:
+        if entry[DEFERRED]:
+            rec = entry[REC]
+            for name, host_copy, _ in entry[DEFERRED]:
+                rec[name] = host_copy.item()
+
+
+def defer_device_value(value: Any) -> tuple[Any, Any]:
+    """Start copying a one-element CUDA tensor to the host without waiting for the GPU:
+    ``(host tensor, CUDA event)``; the value is read once the event completed (:func:`ready`)."""
+    import torch
+
+    host = value.detach().to("cpu", non_blocking=True)  # into pinned memory: asynchronous
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(value.device))
+    return host, event
+
+
+def merged_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by wall-clock intervals, overlaps counted once.
+
+    >>> merged_seconds([(1.0, 1.5), (1.25, 2.0), (3.0, 3.5)])
+    1.5
+    """
+    total = 0.0
+    end_so_far = float("-inf")
+    for start, end in sorted(intervals):
+        start = max(start, end_so_far)
+        if end > start:
+            total += end - start
+            end_so_far = end
+    return total
 
 
 class StepTiming:
     """Wall time since the previous log, and how much of it the backend communicated.
 
-    CPU ranks: the union of the communication intervals, at each log. GPU ranks: CUDA timing
-    events, read when the batch is published, once they completed, so that no step waits
-    for the GPU; a record whose events have not completed goes out with the next batch.
+    CPU ranks: the union of the communication intervals recorded between the two logs. GPU
+    ranks: CUDA timing events, read when the batch is published, once they completed, so that
+    no step waits for the GPU.
     """
 
     names = ("step_time_s", "comm_time_s", "compute_time_s")
 
     def __init__(self) -> None:
-        self.t_last = time.perf_counter()
-        self.waiting: dict[int, tuple[float, list[tuple[Any, Any]]]] = {}  # seq -> (CPU comm s, CUDA events)
+        self.t_last = 0.0
 
     def begin_cell(self, s: RankSession, now: float) -> None:
-        s.timer.take()
+        s.timer.take_intervals()
         s.timer.take_events()
-        self.waiting = {}
         self.t_last = now
 
-    def sample(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
-        step_time = now - self.t_last
-        self.t_last = now
-        comm, events = s.timer.take(), s.timer.take_events()
-        rec["step_time_s"] = step_time
-        if events:
-            self.waiting[rec["seq"]] = (comm, events)
-            rec["comm_time_s"] = rec["compute_time_s"] = None
-        else:
-            _set_comm(rec, comm)
-
-    def publish(self, s: RankSession, batch: list[Record], now: float, final: bool) -> int:
-        if not self.waiting:
-            return len(batch)
-        for i, rec in enumerate(batch):
-            entry = self.waiting.get(rec["seq"])
-            if entry is None:
-                continue
-            seconds = events_seconds(entry[1], wait=final)
-            if seconds is None:
-                return i  # CUDA events complete in order: this record and the later ones wait
-            del self.waiting[rec["seq"]]
-            _set_comm(rec, entry[0] + seconds)
-        return len(batch)
-
-
-def _set_comm(rec: dict[str, Any], comm: float) -> None:
-    step_time = rec["step_time_s"]
-    rec["comm_time_s"] = comm = min(comm, step_time)
-    rec["compute_time_s"] = step_time - comm
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        t_last = self.t_last
+        for entry in entries:
+            rec, t = entry[REC], entry[T]
+            step_time = t - t_last
+            t_last = t
+            comm = merged_seconds(entry[COMM]) if entry[COMM] else 0.0
+            if entry[EVENTS]:
+                comm += sum(start.elapsed_time(end) for start, end in entry[EVENTS]) / 1e3
+            rec["step_time_s"] = step_time
+            rec["comm_time_s"] = comm = min(comm, step_time)
+            rec["compute_time_s"] = step_time - comm
+        self.t_last = t_last
 
 
 class Memory:
@@ -120,15 +153,12 @@ class Memory:
 
             torch.cuda.reset_peak_memory_stats(s.ctx.device)
 
-    def sample(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
-        pass
-
-    def publish(self, s: RankSession, batch: list[Record], now: float, final: bool) -> int:
-        if batch:
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        if entries:
             mem, peak = self.read(s)
-            for rec in batch:
+            for entry in entries:
+                rec = entry[REC]
                 rec["mem_bytes"], rec["mem_peak_bytes"] = mem, peak
-        return len(batch)
 
     def read(self, s: RankSession) -> tuple[int, int]:
         device = s.ctx.device
@@ -145,7 +175,7 @@ class Memory:
 
 class Throughput:
     """Samples/s: batch size x batches since the previous log (training forwards of prepared
-    models, at least 1) / step time, when a batch size is known."""
+    models, at least 1) / step time, when a batch size is known. (Runs after :class:`StepTiming`.)"""
 
     names = ("samples_per_s",)
 
@@ -155,15 +185,14 @@ class Throughput:
     def begin_cell(self, s: RankSession, now: float) -> None:
         self.forwards_seen = s.train.forwards
 
-    def sample(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
-        forwards = s.train.forwards
-        batches = max(1, forwards - self.forwards_seen)
-        self.forwards_seen = forwards
-        step_time = rec.get("step_time_s") or 0.0
-        rec["samples_per_s"] = s.batch_size * batches / step_time if s.batch_size and step_time > 0 else None
-
-    def publish(self, s: RankSession, batch: list[Record], now: float, final: bool) -> int:
-        return len(batch)
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        batch_size = s.batch_size
+        for entry in entries:
+            rec, forwards = entry[REC], entry[FORWARDS]
+            batches = max(1, forwards - self.forwards_seen)
+            self.forwards_seen = forwards
+            step_time = rec.get("step_time_s") or 0.0
+            rec["samples_per_s"] = batch_size * batches / step_time if batch_size and step_time > 0 else None
 
 
 def _local_bytes(t: Any) -> int:
@@ -195,32 +224,32 @@ def state_bytes(s: RankSession) -> int | None:
 
 
 class ModelState:
-    """:func:`state_bytes`, recounted at most every ``max_age_s`` seconds when a batch is
-    published (it walks every tensor)."""
+    """:func:`state_bytes`, counted by ``jdist.log`` on the training thread at most every
+    ``max_age_s`` seconds (it walks every tensor). Not by the publisher thread: autograd sets a
+    parameter's ``.grad`` without holding the GIL, and reading it from another thread at that
+    moment crashes the process."""
 
     names = ("state_bytes",)
 
     def __init__(self, max_age_s: float = 1.0) -> None:
         self.max_age_s = max_age_s
         self.value: int | None = None
-        self.at = -1e9
+        self.due = -1e9  # perf_counter time of the next count
 
     def begin_cell(self, s: RankSession, now: float) -> None:
         pass
 
     def invalidate(self) -> None:
-        """Recount at the next publish (something was prepared)."""
-        self.at = -1e9
+        """Recount at the next log (something was prepared)."""
+        self.due = -1e9
 
-    def sample(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
-        pass
+    def count(self, s: RankSession, now: float) -> int | None:
+        """Count now (on the training thread); the next count is due ``max_age_s`` later."""
+        self.value, self.due = state_bytes(s), now + self.max_age_s
+        return self.value
 
-    def publish(self, s: RankSession, batch: list[Record], now: float, final: bool) -> int:
-        if batch and now - self.at >= self.max_age_s:
-            self.value, self.at = state_bytes(s), now
-        for rec in batch:
-            rec["state_bytes"] = self.value
-        return len(batch)
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        pass  # set in the record by jdist.log (RankSession.log)
 
 
 def default_sources() -> list[MetricSource]:

@@ -1,24 +1,24 @@
 """A cell's records on one rank: numbered, batched to the kernel, kept for repair.
 
-Every record gets the next sequence number of the cell (``seq``). Records are published in
-batches at most every :attr:`RecordStream.flush_interval` seconds; the rest go out with the
-cell's end, together with the cell's record count, so the kernel can check that none was lost
-and fetch any that were (:meth:`RecordStream.records`). To bound a rank's memory in long cells
-it keeps the first :attr:`keep_first` and the latest :attr:`keep_last` records of a cell.
-
-Adding a record is all a step pays for (an append and a clock comparison); the session
-publishes a batch when :meth:`RecordStream.add` says one is due, after the metric sources
-filled in what is read once per batch (:mod:`jdist.rank.sources`).
+Every record gets the next sequence number of the cell (``seq``). ``jdist.log`` only appends an
+:data:`Entry` (the record plus what was known at that moment: the clock, the communication
+intervals and CUDA events since the previous log, the training-forward count, values still on
+the GPU) to :attr:`RecordStream.pending`; nothing is computed, sent or locked there. The
+session's :class:`Publisher` thread completes the pending records (:mod:`jdist.rank.sources`)
+and publishes them in batches every :attr:`RecordStream.flush_interval` seconds; the rest go out
+with the cell's end, together with the cell's record count, so the kernel can check that none
+was lost and fetch any that were (:meth:`RecordStream.records`). To bound a rank's memory in
+long cells it keeps the first :attr:`keep_first` and the latest :attr:`keep_last` records.
 
 Example:
     >>> from jdist.rank.channel import ListChannel
     >>> stream, ch = RecordStream(), ListChannel()
-    >>> stream.begin_cell(now=0.0)
-    >>> for seq in range(3):
-    ...     if stream.add({"rank": 0, "cell": stream.cell, "seq": stream.seq, "step": seq}, now=0.05 * seq):
-    ...         stream.flush(0.05 * seq, ch)
-    >>> [len(m["records"]) for m in ch.messages], stream.end_cell()["count"]   # one batch when 0.1 s passed
-    ([3], 3)
+    >>> stream.begin_cell()
+    >>> for step in range(3):
+    ...     stream.add(({"rank": 0, "cell": stream.cell, "seq": stream.seq, "step": step}, 0.0, None, None, 0, None))
+    >>> stream.flush(ch, 2)                      # the first two, complete, go out as one batch
+    >>> [len(m["records"]) for m in ch.messages], stream.end_cell()["count"]
+    ([2], 3)
 """
 
 from __future__ import annotations
@@ -28,10 +28,16 @@ from typing import Any
 
 from jdist.protocol import PROTOCOL_VERSION, CellEndMessage, ProgressMessage, Record, RecordsMessage
 
+#: What ``jdist.log`` queues: ``(record, perf_counter at the log, comm intervals since the previous
+#: log or None, CUDA event pairs or None, training forwards so far, deferred values or None)``.
+#: A plain tuple: building it is the cheapest thing the hot path can do.
+Entry = tuple[Record, float, Any, Any, int, Any]
+REC, T, COMM, EVENTS, FORWARDS, DEFERRED = range(6)
+
 
 class RecordStream:
-    #: Seconds between two publishes of pending records.
-    flush_interval = 0.1
+    #: Seconds between two publishes of pending records (by the session's publisher thread).
+    flush_interval = 0.25
     #: Records of a cell kept to re-send any the stream lost: the first ``keep_first`` (the
     #: stream can miss the start of a cell) and the latest ``keep_last``.
     keep_first = 10_000
@@ -40,32 +46,37 @@ class RecordStream:
     def __init__(self) -> None:
         self.cell = 0
         self.seq = 0
+        self.open = False
         self.total_steps: int | None = None
         self.first: list[Record] = []
         self.latest: deque[Record] = deque(maxlen=self.keep_last)
-        self.pending: list[Record] = []
-        self.last_flush = 0.0
+        self.pending: deque[Entry] = deque()
 
-    def begin_cell(self, now: float) -> None:
+    def begin_cell(self) -> None:
         self.cell += 1
         self.seq = 0
         self.total_steps = None
-        self.first, self.latest, self.pending = [], deque(maxlen=self.keep_last), []
-        self.last_flush = now
+        self.first, self.latest, self.pending = [], deque(maxlen=self.keep_last), deque()
+        self.open = True
 
-    def add(self, rec: Record, now: float) -> bool:
-        """Queue ``rec`` (it already has this cell's next ``seq``); True when a batch is due."""
+    def add(self, entry: Entry) -> None:
+        """Queue ``entry`` (its record has this cell's next ``seq``). The hot path: appends only."""
         self.seq += 1
-        (self.first if len(self.first) < self.keep_first else self.latest).append(rec)
-        self.pending.append(rec)
-        return now - self.last_flush >= self.flush_interval
+        self.pending.append(entry)
 
-    def flush(self, now: float, channel: Any, ready: int | None = None) -> None:
-        """Publish the first ``ready`` pending records (default: all); the rest wait for the next batch."""
-        self.last_flush = now
-        count = len(self.pending) if ready is None else ready
+    def _keep(self, batch: list[Record]) -> None:
+        room = self.keep_first - len(self.first)
+        if room > 0:
+            self.first.extend(batch[:room])
+            batch = batch[room:]
+        self.latest.extend(batch)
+
+    def flush(self, channel: Any, count: int) -> None:
+        """Publish the records of the first ``count`` pending entries (completed by the sources)."""
         if count:
-            batch, self.pending = self.pending[:count], self.pending[count:]
+            pending = self.pending
+            batch = [pending.popleft()[0] for _ in range(count)]
+            self._keep(batch)
             channel.publish(RecordsMessage(v=PROTOCOL_VERSION, kind="records", cell=self.cell, records=batch))
 
     def progress(self, total_steps: int | None) -> ProgressMessage:
@@ -73,12 +84,17 @@ class RecordStream:
         return ProgressMessage(v=PROTOCOL_VERSION, kind="progress", cell=self.cell, total_steps=total_steps)
 
     def end_cell(self) -> CellEndMessage:
-        batch, self.pending = self.pending, []
+        """The cell's end message with every record still pending (completed by the sources)."""
+        self.open = False
+        batch = [entry[0] for entry in self.pending]
+        self.pending = deque()
+        self._keep(batch)
         return CellEndMessage(v=PROTOCOL_VERSION, kind="cell_end", cell=self.cell, records=batch, count=self.seq,
                               total_steps=self.total_steps)
 
     def records(self, cell: int, seqs: list[int]) -> list[Record]:
-        """Records of the current cell with the given sequence numbers, as far as still kept."""
+        """Records of the current cell with the given sequence numbers, as far as still kept
+        (the records are kept once sent)."""
         if cell != self.cell:
             return []
         wanted = set(seqs)

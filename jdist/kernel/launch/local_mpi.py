@@ -35,6 +35,9 @@ from .api import RankDeath, RankLauncher
 #: Shell around each engine: forwards the launcher's signals, then records the exit status.
 #: (A background job of a non-interactive shell starts with SIGINT ignored; the engine
 #: installs its own SIGINT handler, so interrupts still work.)
+#: The rank's program. (Importing torch in it before or while it registers did not start ranks
+#: sooner on 2 cores, and a torch imported outside the main thread crashes torch.profiler.)
+ENGINE_MODULE = "ipyparallel.engine"
 RANK_WRAPPER = (
     '"$@" & child=$!; '
     "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
@@ -138,6 +141,9 @@ class LocalMPILauncher(RankLauncher):
         return _engine_set_launcher()
 
     def configure(self, ipp_config: Any) -> None:
+        # the engines read the controller's connection file from the (local) profile directory, so
+        # they start together with the controller instead of after it wrote its connection info
+        ipp_config.Cluster.send_engines_connection_env = False
         ipp_config.MPILauncher.mpi_cmd = [local_mpiexec()]
         ipp_config.MPILauncher.environment = {
             # MPICH's default UCX netmod listens on every interface: keep it on loopback
@@ -151,7 +157,7 @@ class LocalMPILauncher(RankLauncher):
         exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
             "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file), "jdist-rank",
-            sys.executable, "-m", "ipyparallel.engine",
+            sys.executable, "-m", ENGINE_MODULE,
         ]
 
     def exited_early(self) -> str | None:
@@ -217,7 +223,7 @@ class LocalMPILauncher(RankLauncher):
         for info in self._ranks:
             try:
                 proc = psutil.Process(info["pid"])
-                if "ipyparallel.engine" in " ".join(proc.cmdline()):  # still our engine, not a reused PID
+                if ENGINE_MODULE in " ".join(proc.cmdline()):  # still our engine, not a reused PID
                     proc.kill()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass

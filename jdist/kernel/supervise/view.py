@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from jdist.errors import ClusterError, RankFailure
-from jdist.protocol import DATA_KEY
+from jdist.protocol import DATA_KEY, decode_data
 
 #: (rank, kind, content): kind is "stream", "display_data", "execute_result" or "data".
 Message = tuple[int, str, Any]
@@ -47,7 +47,7 @@ class IppCellView:
                 if kind == "data_message":
                     data, _ = serialize.deserialize_object(msg["buffers"])
                     if DATA_KEY in data:
-                        inbox.put((rank, "data", data[DATA_KEY]))
+                        inbox.put((rank, "data", decode_data(data[DATA_KEY])))
                 elif kind in ("stream", "display_data", "execute_result"):
                     inbox.put((rank, kind, msg["content"]))
 
@@ -67,7 +67,7 @@ class IppCellView:
                     if md["execute_result"]:
                         inbox.put((rank, "execute_result", md["execute_result"]))
                     if DATA_KEY in md["data"]:  # the latest data message (earlier ones are repaired)
-                        inbox.put((rank, "data", md["data"][DATA_KEY]))
+                        inbox.put((rank, "data", decode_data(md["data"][DATA_KEY])))
                     future.iopub_callbacks.append(callback_for(rank))
             finally:
                 done.set()

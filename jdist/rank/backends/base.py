@@ -68,15 +68,15 @@ class RankContext:
 
 
 class CommTimer:
-    """Collects communication intervals and turns them into time per step.
+    """Collects communication intervals; ``jdist.log`` hands them over unread, once per step.
 
-    CPU: wall-clock intervals (``time.perf_counter``), merged so overlapping buckets are not
-    counted twice. CUDA: pairs of timing events, handed out unread (:meth:`take_events`) and
-    read once they completed, at publish time, so no step ever waits for the GPU.
+    CPU: wall-clock intervals (``time.perf_counter``), summed with overlaps counted once when
+    the records are completed (:func:`jdist.rank.sources.merged_seconds`). CUDA: pairs of timing
+    events, read once they completed, at publish time, so no step ever waits for the GPU.
 
-    >>> t = CommTimer(); t.record(1.0, 1.5); t.record(1.25, 2.0)
-    >>> t.take()
-    1.0
+    >>> t = CommTimer(); t.record(1.0, 1.5)
+    >>> t.take_intervals(), t.take_intervals()
+    ([(1.0, 1.5)], None)
     """
 
     def __init__(self) -> None:
@@ -85,42 +85,38 @@ class CommTimer:
 
     def record(self, start: float, end: float) -> None:
         """One wall-clock interval (seconds, perf_counter). Called from comm-hook threads too:
-        ``list.append`` is atomic, and :meth:`take` swaps the list before reading it."""
+        ``list.append`` is atomic, and :meth:`take_intervals` swaps the list before anyone reads it."""
         self._intervals.append((start, end))
 
     def record_cuda(self, start_event: Any, end_event: Any) -> None:
         """One pair of ``torch.cuda.Event(enable_timing=True)`` around a collective."""
         self._events.append((start_event, end_event))
 
+    def take_intervals(self) -> list[tuple[float, float]] | None:
+        """The wall-clock intervals recorded since the last call (None: none), unread."""
+        intervals = self._intervals
+        if not intervals:
+            return None
+        self._intervals = []
+        return intervals
+
     def take(self) -> float:
-        """Seconds of wall-clock communication recorded since the last call, then reset."""
-        intervals, self._intervals = self._intervals, []
-        total = 0.0
-        end_so_far = float("-inf")
-        for start, end in sorted(intervals):
-            start = max(start, end_so_far)
-            if end > start:
-                total += end - start
-                end_so_far = end
-        return total
+        """Seconds of wall-clock communication since the last call, overlaps counted once (reads them).
 
-    def take_events(self) -> list[tuple[Any, Any]]:
-        """The CUDA event pairs recorded since the last call, unread (see :func:`events_seconds`)."""
-        events, self._events = self._events, []
+        >>> t = CommTimer(); t.record(1.0, 1.5); t.record(1.25, 2.0); t.take()
+        1.0
+        """
+        from jdist.rank.sources import merged_seconds
+
+        return merged_seconds(self.take_intervals() or ())
+
+    def take_events(self) -> list[tuple[Any, Any]] | None:
+        """The CUDA event pairs recorded since the last call (None: none), unread."""
+        events = self._events
+        if not events:
+            return None
+        self._events = []
         return events
-
-
-def events_seconds(events: list[tuple[Any, Any]], wait: bool = False) -> float | None:
-    """Seconds between each pair of CUDA events, summed; None while one has not completed
-    (``wait``: wait for them instead, as at the end of a cell)."""
-    total = 0.0
-    for start, end in events:
-        if not end.query():
-            if not wait:
-                return None
-            end.synchronize()
-        total += start.elapsed_time(end) / 1e3
-    return total
 
 
 class Backend(ABC):
