@@ -10,7 +10,7 @@ Measured side by side in one run, on 2 CPU ranks (gloo):
    rank with ``time.perf_counter``; warm-up steps are dropped. The variants are
    interleaved, ``--repeats`` times, with the order rotated each repeat.
 2. Cold start: the first ``%%distributed -n 2`` cell (body ``pass``) in a fresh kernel; at the
-   end, ``%dist restart --fresh`` and ``%dist stop``.
+   end, ``%dist restart --fresh`` and ``%dist stop``; then the first ``-n 4`` cell in another fresh kernel.
 3. Warm empty-cell round trip: ``%%distributed pass`` vs ipyparallel's ``%%px pass`` on
    the same engines (and ``view.execute("pass", block=True)`` as the floor), interleaved.
 4. Communication time: the same loop with ``jdist.log`` for ``--steps`` steps under
@@ -200,9 +200,9 @@ _emit(load_ext_s=time.perf_counter() - _t0)
 
 COLD_CELL = """
 _t0 = time.perf_counter()
-get_ipython().run_cell_magic("distributed", "-n %d", "pass")
+get_ipython().run_cell_magic("distributed", "-n {n}", "pass")
 _emit(cold_start_s=time.perf_counter() - _t0)
-""" % RANKS
+"""
 
 RANK_CODE = """
 import importlib.util as _ilu
@@ -298,6 +298,20 @@ _emit(stop_s=time.perf_counter() - _t0)
 """
 
 
+def cold_start(workdir: Path, kernel_name: str, n: int) -> float:
+    """Seconds of the first ``%%distributed -n <n>`` cell in a fresh kernel (stopped after)."""
+    kernel = Kernel(workdir, kernel_name)
+    with open(workdir / f"kernel-{n}-stderr.log", "w") as log:
+        kernel.start(stderr=log)
+        try:
+            kernel.run_one(SETUP_CELL)
+            rec, _ = kernel.run_one(COLD_CELL.format(n=n))
+            kernel.run_one(STOP_CELL)
+        finally:
+            kernel.stop()
+    return rec["cold_start_s"]
+
+
 def run_jdist(kernel: Kernel, variant: str, total_steps: int) -> dict[str, Any]:
     opts, logs = JDIST_VARIANTS[variant]
     code = RANK_CODE.format(
@@ -337,6 +351,7 @@ TARGETS = {
     "step_ratio": 1.03,        # per-step time, jdist.log every step + dashboard, / torchrun
     "kernel_cpu_pct": 5.0,     # kernel CPU during a training cell, % of one core
     "cold_start_s": 4.0,       # first %%distributed -n 2 cell
+    "cold_start_4_s": 6.0,     # first %%distributed -n 4 cell
     "stop_s": 1.0,             # %dist stop
     "restart_s": 5.0,          # %dist restart --fresh (2 ranks, no cell replayed)
     "log_call_us": 10.0,       # one jdist.log call on a rank (the hot path)
@@ -369,16 +384,21 @@ def print_targets(res: dict[str, Any]) -> None:
     """Each goal beside the figure measured in this run."""
     steps, cold = res["steps"], res["cold"]
     ratio = steps["jdist_log"]["paired_ratio"]["median"]
+    best = steps["jdist_log"]["median_s"]["min"] / steps["plain"]["median_s"]["min"]
     cell = steps["jdist_log"]["cell_wall_s"]["median"]
     kernel_pct = 100 * steps["jdist_log"]["kernel_cpu_s"]["median"] / cell
     comm_dev = max(abs(j / p - 1) for p, j in zip(res["comm"]["profiler_s"], res["comm"]["jdist_s"]))
     rows = [
-        ("step time ratio, jdist.log every step + dashboard / torchrun", f"{ratio:.3f}x",
+        ("step ratio, jdist.log every step + dashboard / torchrun, best", f"{best:.3f}x",
+         f"<= {TARGETS['step_ratio']:.2f}x", best <= TARGETS["step_ratio"]),
+        ("  the same, median of the paired per-repeat ratios", f"{ratio:.3f}x",
          f"<= {TARGETS['step_ratio']:.2f}x", ratio <= TARGETS["step_ratio"]),
         ("kernel CPU during the training cell, % of one core", f"{kernel_pct:.1f} %",
          f"<= {TARGETS['kernel_cpu_pct']:.0f} %", kernel_pct <= TARGETS["kernel_cpu_pct"]),
         (f"first %%distributed -n {RANKS} cell (cold start)", f"{cold['cold_start_s']:.2f} s",
          f"<= {TARGETS['cold_start_s']:.0f} s", cold["cold_start_s"] <= TARGETS["cold_start_s"]),
+        ("first %%distributed -n 4 cell (cold start, another kernel)", f"{cold['cold_start_4_s']:.2f} s",
+         f"<= {TARGETS['cold_start_4_s']:.0f} s", cold["cold_start_4_s"] <= TARGETS["cold_start_4_s"]),
         ("%dist stop", f"{cold['stop_s']:.2f} s", f"<= {TARGETS['stop_s']:.0f} s", cold["stop_s"] <= TARGETS["stop_s"]),
         ("%dist restart --fresh (new ranks, no cell replayed)", f"{cold['restart_s']:.2f} s",
          f"<= {TARGETS['restart_s']:.0f} s", cold["restart_s"] <= TARGETS["restart_s"]),
@@ -419,6 +439,9 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"   {LABELS[v]:<42}{ms(s['median_s']['min'])}{ms(s['median_s']['median'])}{ms(s['median_s']['max'])}"
               f"{ms(s['mean_s']['median'])}{ms(s['p90_s']['median'])}{s['median_s']['median'] / base:>8.2f}x{paired:>19}")
     print("   (x plain: ratio of the medians; paired x: min/median/max of the per-repeat ratio to that repeat's plain run)")
+    print("   best repeats (min column) / plain's best, as timeit does (other load only adds time): "
+          + ", ".join(f"{v} {steps[v]['median_s']['min'] / steps['plain']['median_s']['min']:.3f}x"
+                      for v in JDIST_VARIANTS))
     h = steps["jdist_log"].get("history_median_s")
     if h:
         print(f"   cross-check, jdist.last_run().history.step_time_s (median, mean over ranks), jdist_log: "
@@ -451,6 +474,7 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"     of which (jdist's own progress lines): engines registered {c['registered_s']:.1f} s, "
               f"rank setup (import torch, process group) {c['ready_s'] - c['registered_s']:.1f} s, "
               f"ready at {c['ready_s']:.1f} s")
+    print(f"   first %%distributed -n 4 cell (pass), another fresh kernel {c['cold_start_4_s']:6.2f} s")
     print(f"   %dist restart --fresh after section 3                  {c['restart_s']:6.2f} s")
     print(f"   %dist stop at the end                                  {c['stop_s']:6.2f} s")
     print()
@@ -505,7 +529,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rec, _ = kernel.run_one(SETUP_CELL)
         cold.update(rec)
         print(f"cold start: first %%distributed -n {RANKS} cell...", flush=True)
-        recs, text, wall = kernel.run(COLD_CELL)
+        recs, text, wall = kernel.run(COLD_CELL.format(n=RANKS))
         if len(recs) != 1:
             sys.exit(f"the cold-start cell printed no result; its output was:\n{text}")
         cold.update(recs[0], cold_client_wall_s=wall)
@@ -560,6 +584,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         kernel.stop()
         kernel_log.close()
+    try:
+        print("cold start of 4 ranks in another fresh kernel...", flush=True)
+        res["cold"]["cold_start_4_s"] = cold_start(workdir, args.kernel, 4)
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     steps: dict[str, Any] = {}

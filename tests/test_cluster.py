@@ -3,6 +3,7 @@ directly) with the local MPI launcher (jdist.kernel.launch.local_mpi)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 from pathlib import Path
@@ -185,6 +186,30 @@ def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
     c = ClusterSession(ClusterConfig(n=2, start_timeout=120))
     with pytest.raises(ClusterError, match="mpiexec exited before all ranks registered"):
         c.start()
+    assert not c.running and c.work_dir is None
+
+
+@pytest.mark.cluster
+def test_a_start_that_times_out_leaves_no_process_of_the_job(monkeypatch):
+    # The ranks cannot register within 0.5 s: start() fails while they start (in MPI_Init or
+    # registering). Every process noted under mpiexec must be gone after the failed start.
+    from jdist.procs import alive
+
+    noted = []
+    stop = local_mpi.LocalMPILauncher.stop
+
+    def spy(self):
+        noted.extend(self.job_processes())
+        stop(self)
+
+    monkeypatch.setattr(local_mpi.LocalMPILauncher, "stop", spy)
+    segments = set(glob.glob("/dev/shm/mpich_shm_*"))
+    c = ClusterSession(ClusterConfig(n=2, start_timeout=0.5))
+    with pytest.raises(ClusterError, match="registered within"):
+        c.start()
+    assert len(noted) >= 2, noted  # at least the two rank processes were seen
+    assert not [p for p in noted if alive(p)]
+    assert set(glob.glob("/dev/shm/mpich_shm_*")) <= segments  # a later job could hang on a leftover
     assert not c.running and c.work_dir is None
 
 

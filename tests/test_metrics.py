@@ -21,6 +21,16 @@ def test_add_drops_duplicates_and_returns_new():
     assert run.count() == 2 and run.count(0) == 1
 
 
+def test_add_drops_duplicates_arriving_out_of_order():
+    # live batches lost and fetched at the cell's end arrive after later records, some twice
+    run = Run("r", 1)
+    assert [r["seq"] for r in run.add([rec(0, s, s) for s in (0, 1, 4, 5)])] == [0, 1, 4, 5]
+    assert [r["seq"] for r in run.add([rec(0, s, s) for s in (2, 3, 4, 5, 1)])] == [2, 3]
+    assert [r["seq"] for r in run.add([rec(0, s, s) for s in (6, 3, 6)])] == [6]
+    assert run.add([{**rec(0, 0, 0), "cell": 2}]) != []  # another cell numbers from 0 again
+    assert run.count() == 8
+
+
 def test_aggregate_mean_min_max_per_step():
     run = Run("r", 3)
     run.add([rec(r, s, s, loss=float(r + 10 * s)) for r in range(3) for s in range(4)])

@@ -235,6 +235,8 @@ class ClusterSession:
             except Exception:
                 pass  # engines may be dead or busy; stopping them below releases everything
             client.close()
+        if launcher is not None:
+            launcher.stopping()
         if cluster is not None:
             # engines first, then the controller: stopped together (ipyparallel's stop_cluster), the
             # engines outlive their controller and take about 3 s more to exit

@@ -90,7 +90,10 @@ class Run:
     path: Path | None = None
     cluster_id: str | None = None  # the ipyparallel cluster that ran it (links runs to clusters)
     records: list[Record] = field(default_factory=list)
-    _seen: set[tuple[int, int, int]] = field(default_factory=set, repr=False)
+    #: (rank, cell) -> the lowest seq not seen yet (every lower one was), and seqs above it seen early:
+    #: O(1) per record and no memory per record, where a set of every (rank, cell, seq) grew with the run
+    _next_seq: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _ahead: dict[tuple[int, int], set[int]] = field(default_factory=dict, repr=False)
     _by_metric: dict[str, dict[Any, dict[int, float]]] = field(
         default_factory=lambda: defaultdict(dict), repr=False
     )
@@ -106,10 +109,8 @@ class Run:
         new = []
         by_metric, steps_of, rank_steps = self._by_metric, self._steps, self._rank_steps
         for rec in records:
-            key = (rec["rank"], rec.get("cell", 0), rec["seq"])
-            if key in self._seen:
+            if not self._first_time(rec["rank"], rec.get("cell", 0), rec["seq"]):
                 continue
-            self._seen.add(key)
             self.records.append(rec)
             new.append(rec)
             rank = rec["rank"]
@@ -143,6 +144,26 @@ class Run:
                     _insert_sorted(rank_steps[name, rank], step)
                 at_step[rank] = float(value)
         return new
+
+    def _first_time(self, rank: int, cell: int, seq: int) -> bool:
+        """Whether (rank, cell, seq) was not added before (and note it)."""
+        key = (rank, cell)
+        nxt = self._next_seq.get(key, 0)
+        if seq == nxt:  # the usual case: records come in order
+            nxt += 1
+            ahead = self._ahead.get(key)
+            while ahead and nxt in ahead:
+                ahead.discard(nxt)
+                nxt += 1
+            self._next_seq[key] = nxt
+            return True
+        if seq < nxt:
+            return False
+        ahead = self._ahead.setdefault(key, set())
+        if seq in ahead:
+            return False
+        ahead.add(seq)
+        return True
 
     def steps(self, metric: str) -> list[Any]:
         """The steps at which some rank logged ``metric``, sorted (``None`` steps left out). Do not modify."""

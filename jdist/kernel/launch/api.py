@@ -132,5 +132,8 @@ class RankLauncher(ABC):
         """Every rank process ended by itself (the cluster is stopping): end whatever only waits
         to notice. Default: nothing; the cluster then stops the engine launchers as usual."""
 
+    def stopping(self) -> None:
+        """The cluster is about to stop the engines (note what must be cleaned up after them)."""
+
     def stop(self) -> None:
         """Release what the launcher holds (threads, files); the cluster stops the engines."""

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.errors import ClusterError
-from jdist.procs import mpi_shm_segments, pid_alive, popen_alive
-from jdist.protocol import RankInfo
+from jdist.procs import alive, mpi_shm_segments, pid_alive, popen_alive
+from jdist.protocol import ProcessIdentity, RankInfo
 from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
 
 from .api import RankDeath, RankLauncher
@@ -133,6 +133,8 @@ class LocalMPILauncher(RankLauncher):
         self._shm: set[str] = set()  # the job's MPI shared-memory segments (removed at stop)
         self._unwatched: list[RankInfo] = []  # ranks without a pidfd (checked by PID)
         self._oom_before: int | None = None
+        self._job: dict[int, ProcessIdentity] = {}  # every process seen under mpiexec (ended at stop)
+        self._noted_at = 0.0
 
     def probe(self) -> None:
         mpiexec_path()
@@ -160,7 +162,35 @@ class LocalMPILauncher(RankLauncher):
             sys.executable, "-m", ENGINE_MODULE,
         ]
 
+    def note_job(self) -> None:
+        """Remember every process under mpiexec by PID and start time: :meth:`stop` ends any that
+        outlive the job (a rank stuck in ``MPI_Init`` when a start fails ignores mpiexec's end)."""
+        import psutil
+
+        for launcher in self.engine_launchers():
+            proc = getattr(launcher, "process", None)
+            if proc is None:
+                continue
+            try:
+                children = proc.children(recursive=True)
+            except psutil.Error:
+                continue
+            for child in children:
+                if child.pid not in self._job:
+                    try:
+                        self._job[child.pid] = ProcessIdentity(pid=child.pid, create_time=child.create_time())
+                    except psutil.Error:
+                        pass
+
+    def job_processes(self) -> list[ProcessIdentity]:
+        """The processes of the MPI job noted so far (:meth:`note_job`)."""
+        return list(self._job.values())
+
     def exited_early(self) -> str | None:
+        now = time.monotonic()
+        if now - self._noted_at >= 0.25:  # while the ranks start: the processes to end if the start fails
+            self._noted_at = now
+            self.note_job()
         for launcher in self.engine_launchers():
             if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
                 try:
@@ -172,6 +202,7 @@ class LocalMPILauncher(RankLauncher):
     # -- while the ranks run ----------------------------------------------------------------
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         """A thread waits on pidfds of the ranks and notes which ends first."""
+        self.note_job()
         self._ranks = list(ranks)
         self._shm = mpi_shm_segments([info["pid"] for info in ranks])
         fds = {}
@@ -278,6 +309,31 @@ class LocalMPILauncher(RankLauncher):
                         continue
         return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
 
+    def stopping(self) -> None:
+        """Note the job's processes and the MPI shared-memory segments they hold: killed while
+        starting (in ``MPI_Init``), ranks leave their segment behind."""
+        self.note_job()
+        self._shm |= mpi_shm_segments([ident["pid"] for ident in self._job.values() if alive(ident)])
+
+    def _end_leftovers(self, wait: float = 2.0) -> None:
+        """SIGKILL, by PID and start time, every noted process of the job that is still running
+        (the cluster has stopped mpiexec by now), and remove their MPI shared-memory segments."""
+        import psutil
+
+        left = [ident for ident in self._job.values() if alive(ident)]
+        self._job = {}
+        if not left:
+            return
+        self._shm |= mpi_shm_segments([ident["pid"] for ident in left])
+        for ident in left:
+            try:
+                psutil.Process(ident["pid"]).kill()
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + wait
+        while any(alive(ident) for ident in left) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def ranks_ended(self) -> None:
         """mpiexec's process manager takes about a second to notice that its ranks are gone;
         nothing of the job is left to wait for, so it is ended at once."""
@@ -289,6 +345,7 @@ class LocalMPILauncher(RankLauncher):
 
     def stop(self) -> None:
         self._ranks, self._deaths, self._unwatched = [], [], []
+        self._end_leftovers()
         # MPICH unlinks its shared-memory segment in MPI_Finalize; a job whose ranks were killed
         # leaves it in /dev/shm (2 MB each), and a later job whose segment gets the same name
         # hangs in MPI_Init. The segments were noted at watch(); the job has ended by now.
