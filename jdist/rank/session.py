@@ -7,7 +7,8 @@ when it is called outside a ``%%distributed`` cell. It owns:
 * ``ctx``: where this rank is (:class:`~jdist.rank.backends.RankContext`: rank, device, MPI comm);
 * ``backend`` and ``spec``: the training backend and its metadata (:class:`jdist.plugins.BackendSpec`);
 * ``channel``: where messages to the kernel go (:mod:`jdist.rank.channel`);
-* ``stream``: the cell's records, batched and numbered (:mod:`jdist.rank.stream`);
+* ``stream``: the cell's records, numbered and queued by ``jdist.log`` (:mod:`jdist.rank.stream`);
+  ``publisher``: the thread that completes and sends them in batches (:class:`Publisher`);
 * ``sources``: what adds the automatic metrics to the records (:mod:`jdist.rank.sources`);
 * ``train``: the training state of :mod:`jdist.rank.training` (precision, accumulation, what was prepared);
 * ``log_hooks``: called with every logged record (automatic checkpoints register one);
@@ -173,13 +174,16 @@ class Publisher:
 
     def _run(self) -> None:
         s = self.session
+        reported = False
         while not self._stop.wait(s.stream.flush_interval):
             try:
                 s.publish_due()
             except Exception as exc:  # never let a bad batch end the thread: the cell's end repairs
-                import sys
+                if not reported:  # once: the engine's log, not a line every 0.25 s
+                    import sys
 
-                print(f"jdist: publishing records failed on rank {s.ctx.rank}: {exc!r}", file=sys.__stderr__)
+                    print(f"jdist: publishing records failed on rank {s.ctx.rank}: {exc!r}", file=sys.__stderr__)
+                    reported = True
 
     def stop(self) -> None:
         self._stop.set()
