@@ -204,14 +204,17 @@ get_ipython().run_cell_magic("distributed", "-n {n}", "pass")
 _emit(cold_start_s=time.perf_counter() - _t0)
 """
 
-RANK_CODE = """
+#: On the ranks: load benchmarks/ddp_plain.py, build its model and data, prepare the model.
+LOAD_LOOP = """
 import importlib.util as _ilu
 _spec = _ilu.spec_from_file_location("jdist_bench_loop", {path!r})
 _bench = _ilu.module_from_spec(_spec)
 _spec.loader.exec_module(_bench)
 _model, _x, _y = _bench.build(rank, {total})
 _model = jdist.prepare(_model)
-_times, _loss = _bench.train(_model, _x, _y, log={log})
+"""
+
+RANK_CODE = LOAD_LOOP + """_times, _loss = _bench.train(_model, _x, _y, log={log})
 bench_out = {{"times": _times, "loss": _loss, "threads": __import__("torch").get_num_threads()}}
 del _model, _x, _y
 """
@@ -247,14 +250,7 @@ _emit(profiler_s=[o["profiler_comm_s"] for o in bench_out], events=[o["events"] 
       steps=[int((_h["rank"] == r).sum()) for r in range({ranks})])
 """
 
-COMM_CODE = """
-import importlib.util as _ilu
-from torch.profiler import profile, ProfilerActivity
-_spec = _ilu.spec_from_file_location("jdist_bench_loop", {path!r})
-_bench = _ilu.module_from_spec(_spec)
-_spec.loader.exec_module(_bench)
-_model, _x, _y = _bench.build(rank, {total})
-_model = jdist.prepare(_model)
+COMM_CODE = LOAD_LOOP + """from torch.profiler import profile, ProfilerActivity
 _bench.train(_model, _x[:{warmup}], _y[:{warmup}], log=lambda i, v: jdist.log(step=i, loss=v))
 with profile(activities=[ProfilerActivity.CPU]) as _prof:
     _bench.train(_model, _x[{warmup}:], _y[{warmup}:], log=lambda i, v: jdist.log(step={warmup} + i, loss=v))

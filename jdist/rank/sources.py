@@ -28,6 +28,7 @@ import os
 import resource
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from .backends.base import merged_seconds
 from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, Entry, T
 
 if TYPE_CHECKING:
@@ -86,22 +87,6 @@ def defer_device_value(value: Any) -> tuple[Any, Any]:
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(value.device))
     return host, event
-
-
-def merged_seconds(intervals: Sequence[tuple[float, float]]) -> float:
-    """Seconds covered by wall-clock intervals, overlaps counted once.
-
-    >>> merged_seconds([(1.0, 1.5), (1.25, 2.0), (3.0, 3.5)])
-    1.5
-    """
-    total = 0.0
-    end_so_far = float("-inf")
-    for start, end in sorted(intervals):
-        start = max(start, end_so_far)
-        if end > start:
-            total += end - start
-            end_so_far = end
-    return total
 
 
 class StepTiming:

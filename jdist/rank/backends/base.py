@@ -31,7 +31,7 @@ import datetime
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass
@@ -67,11 +67,27 @@ class RankContext:
         return datetime.timedelta(seconds=self.timeout_s)
 
 
+def merged_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by wall-clock intervals, overlaps counted once.
+
+    >>> merged_seconds([(1.0, 1.5), (1.25, 2.0), (3.0, 3.5)])
+    1.5
+    """
+    total = 0.0
+    end_so_far = float("-inf")
+    for start, end in sorted(intervals):
+        start = max(start, end_so_far)
+        if end > start:
+            total += end - start
+            end_so_far = end
+    return total
+
+
 class CommTimer:
     """Collects communication intervals; ``jdist.log`` hands them over unread, once per step.
 
     CPU: wall-clock intervals (``time.perf_counter``), summed with overlaps counted once when
-    the records are completed (:func:`jdist.rank.sources.merged_seconds`). CUDA: pairs of timing
+    the records are completed (:func:`merged_seconds`). CUDA: pairs of timing
     events, read once they completed, at publish time, so no step ever waits for the GPU.
 
     >>> t = CommTimer(); t.record(1.0, 1.5)
@@ -106,8 +122,6 @@ class CommTimer:
         >>> t = CommTimer(); t.record(1.0, 1.5); t.record(1.25, 2.0); t.take()
         1.0
         """
-        from jdist.rank.sources import merged_seconds
-
         return merged_seconds(self.take_intervals() or ())
 
     def take_events(self) -> list[tuple[Any, Any]] | None:
