@@ -1,5 +1,6 @@
 # jdist: two commands on a fresh machine — `make demo` and `make test`.
-# Everything goes into .venv at the repo root; nothing else is needed (no apt, no system MPI).
+# Everything goes into .venv at the repo root (no system MPI). `make test` also installs, when missing,
+# Debian's chromium (browser test) and slurm/munge/sshd (the multi-node test bed), as the CI machine's root.
 
 PYTHON ?= python3
 # The CPU build of torch (on these machines it lies on disk); override for a CUDA build.
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: venv horovod chromium labextension demo test test-fast bench lab clean
+.PHONY: venv horovod chromium testbed labextension demo test test-fast bench lab clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -31,7 +32,7 @@ demo: venv
 
 # One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
-test: venv horovod chromium
+test: venv horovod chromium testbed
 	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
 
 # The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI
@@ -42,6 +43,11 @@ test-fast: venv
 # Debian chromium for the browser test (tests/test_browser.py); installed only if missing.
 chromium:
 	tools/install_chromium.sh
+
+# Debian slurm, munge and sshd for the two-node test bed of the multi-node tests (tools/testbed.py);
+# installed only if missing, daemons never started outside the bed's namespaces.
+testbed:
+	tools/install_testbed.sh
 
 # Rebuild the prebuilt JupyterLab extension (jdist/labextension) from labextension/ (needs node).
 labextension: venv

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 #: Values of ``--precision`` (autocast dtype of prepared models; fp16 adds a GradScaler).
@@ -126,6 +128,27 @@ class ClusterConfig:
     launcher: str = _option("local-mpi", ("--launcher",), "How the ranks are started: local-mpi (default: MPI "
                             "ranks on this machine), or one installed through the jdist.launchers entry points.",
                             Scope.RESTART)
+    hosts: str | None = _option(None, ("--hosts",), "Run the ranks on these hosts over ssh (MPICH hydra): "
+                                "gpu1:4,gpu2:4 gives 4 ranks per host (-n/--gpus default to the total); the same "
+                                "Python path on each, a shared home (docs/multinode.md).", Scope.RESTART, type=str,
+                                metavar="HOST:N,...")
+    hostfile: str | None = _option(None, ("--hostfile",), "Like --hosts, from a file: one host[:ranks] per line.",
+                                   Scope.RESTART, type=str, metavar="FILE")
+    slurm: str | None = _option(None, ("--slurm",), "Run the ranks as a Slurm job step (srun --mpi=pmi2): inside "
+                                "an allocation as it is; outside one, give srun's own options in quotes, e.g. "
+                                "--slurm \"-p gpu -A proj -t 60\".", Scope.RESTART, type=str, metavar="\"SRUN OPTIONS\"",
+                                const="")
+    nodes: int | None = _option(None, ("-N", "--nodes"), "With --slurm: the number of nodes (srun -N).", Scope.RESTART,
+                                type=int, metavar="NODES")
+    ip: str | None = _option(None, ("--ip",), "With ranks on other hosts: the address of this machine (and of rank "
+                             "0's host for the process group) that the others reach; jdist's listeners bind it "
+                             "(default: the address of the route to the first host).", Scope.RESTART, type=str,
+                             metavar="ADDR")
+    iface: str | None = _option(None, ("--iface",), "With ranks on other hosts: the network interface for jdist's "
+                                "traffic and gloo/NCCL on every host (default: the one that routes to rank 0).",
+                                Scope.RESTART, type=str, metavar="NAME")
+    encrypt: bool = _option(False, ("--encrypt",), "Encrypt the kernel's traffic with the ranks (CurveZMQ). The "
+                            "process group's own traffic (gloo, NCCL) is not encrypted.", Scope.RESTART, toggle=True)
     timeout: float = _option(60.0, ("--timeout",), "Process-group timeout in seconds (default 60).", Scope.RESTART,
                              type=float, metavar="S")
     port: int | None = _option(None, ("--port",), "Fixed TCP port for the process-group rendezvous (default: none; "
@@ -175,11 +198,119 @@ class ClusterConfig:
             raise ValueError(f"--port {self.port}: use a port from 1024 to 65535, or leave --port out.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}.")
+        places = [flag for flag, value in (("--hosts", self.hosts), ("--hostfile", self.hostfile),
+                                           ("--slurm", self.slurm)) if value is not None]
+        if len(places) > 1:
+            raise ValueError(f"Give one of {' and '.join(places)}: they say where the ranks run.")
+        if self.hosts is not None:
+            total = sum(count for _, count in parse_hosts(self.hosts))  # names a malformed list
+            if total < self.n:
+                raise ValueError(f"--hosts {self.hosts} has room for {total} rank(s), but {self.ranks_flag} asks "
+                                 f"for {self.n}: add ranks per host (host:N) or leave {self.ranks_flag.split()[0]} out.")
+        expected = {"--hosts": "ssh", "--hostfile": "ssh", "--slurm": "slurm"}.get(places[0]) if places else None
+        if expected and self.launcher != expected:
+            raise ValueError(f"{places[0]} starts the ranks with --launcher {expected}; drop --launcher {self.launcher}.")
+        if self.launcher in ("ssh",) and expected is None:
+            raise ValueError("--launcher ssh needs the hosts: give --hosts gpu1:4,gpu2:4 or --hostfile FILE.")
+        if self.nodes is not None and self.slurm is None:
+            raise ValueError("-N/--nodes is the node count of a Slurm job step: use it with --slurm "
+                             "(with --hosts, the hosts are the nodes).")
+        if self.nodes is not None and not 1 <= self.nodes <= self.n:
+            raise ValueError(f"-N {self.nodes}: give 1 to {self.n} nodes for {self.ranks_flag}.")
+        if (self.ip or self.iface) and self.launcher == "local-mpi":
+            raise ValueError("--ip/--iface choose the network between hosts; on one machine everything stays on "
+                             "loopback: leave them out, or give --hosts/--slurm.")
+        if self.ip is not None:
+            import ipaddress
+
+            try:
+                ipaddress.ip_address(self.ip)
+            except ValueError:
+                raise ValueError(f"--ip {self.ip!r} is not an IP address; give one of this machine's "
+                                 "addresses, e.g. --ip 10.1.2.3 (or --iface NAME).") from None
 
     @property
     def ranks_flag(self) -> str:
         """``-n 2`` or ``--gpus 2``."""
         return f"{'--gpus' if self.gpus else '-n'} {self.n}"
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``--hosts`` (or a hostfile's lines) as ``[(host, ranks)]``; a host without ``:N`` gets 1.
+
+    >>> parse_hosts("gpu1:4,gpu2:4")
+    [('gpu1', 4), ('gpu2', 4)]
+    >>> parse_hosts("node1, node2:2")
+    [('node1', 1), ('node2', 2)]
+    >>> parse_hosts("gpu1:x")
+    Traceback (most recent call last):
+    ...
+    ValueError: --hosts: 'gpu1:x' is not host or host:N (N ranks, at least 1); e.g. --hosts gpu1:4,gpu2:4.
+    """
+    out = []
+    for item in text.replace("\n", ",").split(","):
+        item = item.split("#", 1)[0].strip()
+        if not item:
+            continue
+        host, _, count = item.partition(":")
+        if not host or any(c.isspace() for c in host) or (count and not (count.isdigit() and int(count) >= 1)):
+            raise ValueError(f"--hosts: {item!r} is not host or host:N (N ranks, at least 1); "
+                             "e.g. --hosts gpu1:4,gpu2:4.")
+        out.append((host, int(count) if count else 1))
+    if not out:
+        raise ValueError("--hosts: no host given; e.g. --hosts gpu1:4,gpu2:4.")
+    return out
+
+
+def read_hostfile(path: str) -> list[tuple[str, int]]:
+    """A hostfile's hosts (one ``host[:N]`` per line, ``#`` comments), as :func:`parse_hosts`."""
+    try:
+        text = open(os.path.expanduser(path)).read()
+    except OSError as exc:
+        raise ValueError(f"--hostfile {path}: {exc.strerror}; give a file with one host[:ranks] per line.") from None
+    try:
+        return parse_hosts(text)
+    except ValueError as exc:
+        raise ValueError(f"--hostfile {path}: {str(exc).removeprefix('--hosts: ')}") from None
+
+
+def profiles_file() -> Path:
+    """Where ``--cluster NAME`` profiles live: ``<jupyter config dir>/jdist/clusters.toml``."""
+    from jupyter_core.paths import jupyter_config_dir
+
+    return Path(jupyter_config_dir()) / "jdist" / "clusters.toml"
+
+
+def load_profile(name: str, path: Path | None = None) -> dict[str, Any]:
+    """The cluster options of profile ``name`` (a TOML table of option names, as the flags say them):
+
+        [mycluster]
+        hosts = "gpu1:4,gpu2:4"
+        iface = "ib0"
+
+    ValueError with the fix for a missing file, profile or option.
+    """
+    import tomllib
+
+    path = path or profiles_file()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--cluster {name}: no profiles file {path}; create it with a [{name}] table "
+                         "(docs/multinode.md).") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--cluster {name}: {path} is not valid TOML ({exc}).") from None
+    if name not in profiles or not isinstance(profiles[name], dict):
+        raise ValueError(f"--cluster {name}: no [{name}] in {path}; it has: {', '.join(profiles) or 'none'}.")
+    names = {o.name for o in cluster_options()}
+    out: dict[str, Any] = {}
+    for key, value in profiles[name].items():
+        option = key.replace("-", "_")
+        if option not in names:
+            raise ValueError(f"--cluster {name}: {key!r} in {path} is not a cluster option; use: "
+                             f"{', '.join(sorted(names))}.")
+        out[option] = value
+    return out
 
 
 @functools.cache
@@ -203,6 +334,8 @@ CELL_OPTIONS: tuple[Option, ...] = (
     Option("mlflow", ("--mlflow",), "Also log this cell's run to MLflow while it runs: URI is a tracking store or "
            "server (default: MLflow's own, $MLFLOW_TRACKING_URI or sqlite:///mlflow.db; needs jdist[tracking]).",
            Scope.CELL, type=str, metavar="URI", const=True),
+    Option("cluster", ("--cluster",), "Take the cluster options of profile NAME from <jupyter config dir>/jdist/"
+           "clusters.toml (options given in the cell win).", Scope.CELL, type=str, metavar="NAME"),
     Option("restart", ("--restart",), "Replace the running cluster first: with the options given, the others "
            "kept (rank state is lost).", Scope.CELL, switch=True),
 )
@@ -219,6 +352,12 @@ def requested(args: Any) -> dict[str, Any]:
     ``-n N`` and ``--gpus N`` both set the rank count; ``--gpus`` also sets ``gpus``.
     """
     given = {o.name: getattr(args, o.name) for o in cluster_options() if getattr(args, o.name, None) is not None}
+    profile = getattr(args, "cluster", None)
+    if profile:
+        counted = "n" in given or "gpus" in given  # the cell's -n/--gpus win over the profile's
+        for name, value in load_profile(profile).items():
+            if not (counted and name in ("n", "gpus")):
+                given.setdefault(name, value)
     n, gpus = given.pop("n", None), given.pop("gpus", None)
     if n is not None and gpus is not None:
         raise ValueError("Give either -n N (CPU ranks) or --gpus N (one GPU per rank), not both.")
@@ -226,6 +365,16 @@ def requested(args: Any) -> dict[str, Any]:
         given.update(n=n, gpus=False)
     elif gpus is not None:
         given.update(n=gpus, gpus=True)
+    if "n" not in given and (given.get("hosts") or given.get("hostfile")):
+        hosts = parse_hosts(given["hosts"]) if given.get("hosts") else read_hostfile(given["hostfile"])
+        given.update(n=sum(count for _, count in hosts), gpus=False)
+    if given.get("hostfile") and not given.get("hosts"):
+        read_hostfile(given["hostfile"])  # one clear line now, not an error of mpiexec later
+    if "launcher" not in given:
+        if given.get("hosts") or given.get("hostfile"):
+            given["launcher"] = "ssh"
+        elif given.get("slurm") is not None:
+            given["launcher"] = "slurm"
     return given
 
 
@@ -311,6 +460,9 @@ __all__ = [
     "cluster_options",
     "describe",
     "parser_arguments",
+    "load_profile",
+    "parse_hosts",
     "plan",
+    "read_hostfile",
     "requested",
 ]

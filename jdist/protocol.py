@@ -85,6 +85,13 @@ class SetupConfig(TypedDict):
     owner: Owner | None
     port: int | None
     cluster_id: str  # the ranks' TORCHELASTIC_RUN_ID
+    #: Ranks started on other hosts (--hosts, --slurm): no file of the kernel's host is used, and
+    #: samples go back over IOPub. ``ip``/``iface``: the user's --ip/--iface; ``controller_ip``:
+    #: the address the controller listens on (rank 0 reaches the kernel's host through it).
+    remote: bool
+    ip: str | None
+    iface: str | None
+    controller_ip: str
 
 
 class RankInfo(TypedDict):
@@ -101,6 +108,7 @@ class RankInfo(TypedDict):
     main_thread: int
     protocol: int
     jdist: str
+    slurm_step: str | None  # "<job>.<step>" when Slurm started the rank
 
 
 #: One metric record: ``rank``, ``cell``, ``seq``, ``step``, ``time``, the automatic metrics of

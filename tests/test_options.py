@@ -22,8 +22,8 @@ def test_every_cluster_option_is_a_config_field_with_a_flag_help_and_scope():
     assert names == [f for f in ClusterConfig.__dataclass_fields__]
     for opt in (*cluster_options(), *CELL_OPTIONS):
         assert opt.flag.startswith("-") and opt.help and isinstance(opt.scope, Scope)
-    assert {o.name for o in cluster_options() if o.scope is Scope.RESTART} == {"n", "gpus", "backend", "launcher",
-                                                                               "timeout", "port"}
+    assert {o.name for o in cluster_options() if o.scope is Scope.RESTART} == {"n", "gpus", "backend", "launcher", "hosts", "hostfile", "slurm", "nodes", "ip", "iface",
+        "encrypt", "timeout", "port"}
 
 
 def test_options_not_given_are_told_apart_from_defaults():

@@ -103,6 +103,8 @@ class ClusterSession:
         #: What %dist restart replays before restoring a checkpoint, in order.
         self.history: list[SetupCell | Push] = []
         self.checkpoint: CheckpointPlan | None = None
+        self._reaper: Any = None  # the reaper process (ranks on other hosts)
+        self._reaper_plan: Path | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -139,16 +141,19 @@ class ClusterSession:
                 log_level=logging.ERROR,
                 # the controller warns once per jdist data message ("unhandled iopub msg_type")
                 controller_args=["--log-level=ERROR", f"--HeartMonitor.period={HEARTBEAT_MS}",
-                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                                 f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+                + (["--IPController.enable_curve=True"] if self.config.encrypt else []),
             )
             launcher.configure(cluster.config)
             cluster.update_config(cluster.config)  # the Cluster's own options the launcher set
             self.ipp = cluster
             atexit.register(self.stop)  # a kernel that exits stops its cluster
-            say(f"Starting {n} MPI rank(s)...")
+            say(f"Starting {n} MPI rank(s){launcher.describe()}...")
             cluster.start_controller_sync()
             cluster.start_engines_sync(n)
             launcher.attach(cluster)
+            if launcher.remote:
+                self._start_reaper()
             self.client = cluster.connect_client_sync()
             self._wait_for_engines(say, t0)
             say(f"{n} rank(s) registered after {time.perf_counter() - t0:.1f} s; setting up {self.config.backend}...")
@@ -164,6 +169,23 @@ class ClusterSession:
             f"({time.perf_counter() - t0:.1f} s)."
         )
         return self.ranks
+
+    def _start_reaper(self) -> None:
+        """Ranks on other hosts: a reaper ends the controller, the launcher and the job step if this
+        kernel dies without stopping them (:mod:`jdist.kernel.reaper`)."""
+        from . import reaper
+
+        assert self.work_dir is not None and self.launcher is not None
+        self._reaper_plan = self.work_dir / "reaper.json"
+        self._write_reaper_plan()
+        self._reaper = reaper.start(self._reaper_plan)
+
+    def _write_reaper_plan(self) -> None:
+        from . import reaper
+
+        assert self.launcher is not None
+        pids = [self.ipp.controller.process.pid, *self.launcher.processes()]
+        reaper.write_plan(self._reaper_plan, os.getpid(), pids, self.launcher.cleanup_commands())
 
     def _wait_for_engines(self, say: Callable[[str], None], t0: float) -> None:
         assert self.launcher is not None
@@ -198,9 +220,13 @@ class ClusterSession:
             backend=self.config.backend, gpus=self.config.gpus, timeout=self.config.timeout,
             threads=self.config.threads, precision=self.config.precision, port=self.config.port,
             work_dir=str(self.work_dir), cluster_id=self.cluster_id or "jdist",
-            # the ranks end themselves (and the controller) if this process dies without stopping them
-            owner={"host": socket.gethostname(), "pid": os.getpid(),
-                   "controller": [controller["pid"], controller["create_time"]]},
+            # local ranks end themselves (and the controller) if this process dies without stopping
+            # them; with ranks on other hosts the reaper does (_start_reaper)
+            owner=None if self.launcher.remote else {
+                "host": socket.gethostname(), "pid": os.getpid(),
+                "controller": [controller["pid"], controller["create_time"]]},
+            remote=self.launcher.remote, ip=self.config.ip, iface=self.config.iface,
+            controller_ip=self.launcher.controller_ip,
         )
         ar = view.apply_async(RankCall("setup"), cfg)
         try:
@@ -211,9 +237,19 @@ class ClusterSession:
         if versions != {PROTOCOL_VERSION}:
             raise ClusterError(f"The ranks run a jdist that speaks protocol {sorted(map(str, versions))}, this kernel "
                                f"{PROTOCOL_VERSION}: install the same jdist for the kernel and the ranks.")
+        worlds = sorted({info["world_size"] for info in infos})
+        if worlds != [self.config.n]:
+            raise ClusterError(
+                f"The {self.config.n} ranks started as {len(infos) // max(1, worlds[0])} MPI world(s) of size "
+                f"{'/'.join(map(str, worlds))}, not one of {self.config.n}: the launcher did not give them a "
+                "process manager they share (with Slurm, srun needs --mpi=pmi2 and an MPI built with PMI2; "
+                "jdist passes it).")
         self._engine_of_rank = {info["rank"]: eid for eid, info in zip(engines, infos)}
         self.ranks = sorted(infos, key=lambda i: i["rank"])
+        self.launcher.attach_client(self.client, self._engine_of_rank)
         self.launcher.watch(self.ranks)
+        if self.launcher.remote:
+            self._write_reaper_plan()  # now with the Slurm job step
 
     def stop(self) -> None:
         """Stop engines and controller (teardown on the ranks first, best effort). Idempotent."""
@@ -224,6 +260,7 @@ class ClusterSession:
         self.state_file = None
         n_ranks, self.ranks, self._engine_of_rank = len(self.ranks), [], {}
         work_dir, self.work_dir = self.work_dir, None
+        reaper_proc, self._reaper = self._reaper, None
         if client is not None:
             try:
                 client[:].apply_async(RankCall("teardown")).get(timeout=5)
@@ -247,7 +284,10 @@ class ClusterSession:
         if launcher is not None:
             launcher.stop()
         if work_dir is not None:
-            shutil.rmtree(work_dir, ignore_errors=True)
+            shutil.rmtree(work_dir, ignore_errors=True)  # the reaper's plan with it: it has nothing to do
+        if reaper_proc is not None:
+            reaper_proc.terminate()
+            reaper_proc.wait(5)
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""

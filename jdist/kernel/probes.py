@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 
 from jdist.options import ClusterConfig
-from jdist.plugins import backend_spec
+from jdist.plugins import backend_spec, launcher_class
 
 
 def visible_gpus() -> int:
@@ -53,7 +53,7 @@ def probe(config: ClusterConfig, running: ClusterConfig | None = None) -> None:
         if holder:
             raise ValueError(f"--port {config.port} is in use on this machine ({holder}). "
                              "Choose another --port, or leave --port out (no port is needed on one machine).")
-    if config.gpus:
+    if config.gpus and not launcher_class(config.launcher).remote:  # remote launchers probe their hosts
         have = visible_gpus()
         if have < config.n:
             raise ValueError(

@@ -62,14 +62,21 @@ class Guard:
         self.collective_paths = collective_paths
         self.stacks_file: IO[str] | None = None
         self.sample_path: Path | None = None
+        self.report: Callable[[str], None] | None = None  # where samples go instead of sample_path
         self.marker: Callable[[], str | None] | None = None  # the backend's collectives_started
         self.group_fds: set[int] = set()  # connected sockets of the process group
         self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
         self.broken: str | None = None  # why this rank broke the group's connections (None: intact)
         self.released_from: str | None = None  # where the main thread waited when it was released
 
-    def install(self, rank: int, stacks_dir: str | None) -> None:
-        """Set up stack dumps and the release thread (main thread; the thread once per process)."""
+    def install(self, rank: int, stacks_dir: str | None, report: Callable[[str], None] | None = None) -> None:
+        """Set up stack dumps and the release thread (main thread; the thread once per process).
+
+        ``stacks_dir``: the folder (on this host) for stack dumps and samples; ``report``: send
+        each sample's text there instead (ranks on another host than the kernel's)."""
+        self.report = report
+        if report is not None and signal.getsignal(SAMPLE_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN):
+            signal.signal(SAMPLE_SIGNAL, _ignore)
         if stacks_dir:
             path = Path(stacks_dir) / f"rank-{rank}.txt"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -99,7 +106,14 @@ class Guard:
         self.broken = self.released_from = None
 
     def write_sample(self) -> None:
-        """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename)."""
+        """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename), or
+        send it (:meth:`install`'s ``report``)."""
+        if self.report is not None:
+            try:
+                self.report(format_sample(Sample(_frames(_main_frame()), progress(self.marker))))
+            except Exception:  # no sample is no evidence; this thread must live on for releases
+                pass
+            return
         if self.sample_path is None:
             return
         tmp = self.sample_path.with_name(self.sample_path.name + ".tmp")

@@ -43,7 +43,9 @@ def setup(config: SetupConfig) -> RankInfo:
     local_rank, local_world_size = local.Get_rank(), local.Get_size()
     hostname = socket.gethostname()
     hosts = comm.allgather(hostname)
-    master_addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(hosts[0])
+    master_addr = "127.0.0.1" if len(set(hosts)) == 1 else _master_address(comm, rank, config)
+    if master_addr != "127.0.0.1":
+        _socket_interface(master_addr, config.get("iface"), rank, hostname)
 
     if config.get("gpus"):
         visible = torch.cuda.device_count()
@@ -60,17 +62,19 @@ def setup(config: SetupConfig) -> RankInfo:
 
     spec = backend_spec(config["backend"])
     guard = Guard(spec.backward_waits, spec.collective_paths)
+    remote = bool(config.get("remote"))
+    work_dir = None if remote else config.get("work_dir")  # a folder of the kernel's host
     ctx = RankContext(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
                       hostname=hostname, device=device, master_addr=master_addr,
-                      timeout_s=float(config.get("timeout", 60)), comm=comm, work_dir=config.get("work_dir"),
+                      timeout_s=float(config.get("timeout", 60)), comm=comm, work_dir=work_dir,
                       port=config.get("port"), guard=guard)
-    guard.install(rank, config.get("work_dir"))
-    backend = spec.load()()
-    guard.marker = backend.collectives_started
     from IPython import get_ipython
 
     shell = get_ipython()
     data_pub = getattr(shell, "data_pub", None) if shell is not None else None
+    guard.install(rank, work_dir, report=_sample_sender(data_pub, rank) if remote else None)
+    backend = spec.load()()
+    guard.marker = backend.collectives_started
     s = RankSession(ctx=ctx, backend=backend, spec=spec,
                     channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
     backend.setup(ctx, s.timer)
@@ -91,6 +95,71 @@ def setup(config: SetupConfig) -> RankInfo:
     if config.get("owner"):
         _watch_owner(config["owner"], rank == 0)
     return describe_rank(s)
+
+
+def _master_address(comm: Any, rank: int, config: SetupConfig) -> str:
+    """Rank 0 chooses the address of its host that the process group uses, and tells the others:
+    ``--ip`` if it is an address of rank 0's host, else ``--iface``'s address there, else the
+    address its route to the kernel's host leaves from (never a loopback address)."""
+    from jdist.network import address_of, interface_of, is_loopback, route_source
+
+    addr, error = None, None
+    if rank == 0:
+        ip, iface = config.get("ip"), config.get("iface")
+        try:
+            if ip and interface_of(ip) is not None:
+                addr = ip
+            elif iface:
+                addr = address_of(iface)
+                if addr is None:
+                    error = f"--iface {iface}: rank 0's host {socket.gethostname()} has no such interface"
+            else:
+                addr = route_source(config.get("controller_ip") or "127.0.0.1")
+        except OSError as exc:
+            error = f"rank 0 on {socket.gethostname()} has no route to {config.get('controller_ip')} ({exc})"
+        if addr is not None and is_loopback(addr):
+            error = (f"rank 0 on {socket.gethostname()} would use loopback address {addr} between hosts; "
+                     "give --ip ADDR or --iface NAME")
+    addr, error = comm.bcast((addr, error), root=0)
+    if error:
+        raise RuntimeError(error)
+    return str(addr)
+
+
+def _socket_interface(master_addr: str, iface: str | None, rank: int, hostname: str) -> str:
+    """Tell gloo and NCCL the interface of this host that reaches rank 0 (unless the user set them):
+    ``--iface``, else the one the route to ``master_addr`` leaves from; never ``lo`` between hosts."""
+    from jdist.network import interface_of, route_source
+
+    name = iface or interface_of(route_source(master_addr))
+    if name is None or name == "lo":
+        raise RuntimeError(f"rank {rank} on {hostname} reaches rank 0's address {master_addr} only over "
+                           f"{name or 'no interface'}; give --iface NAME (the network between the hosts)")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+    return name
+
+
+def _sample_sender(data_pub: Any, rank: int) -> Any:
+    """How a remote rank's guard sends a sample to the kernel: an IOPub data message whose parent
+    is :func:`jdist.kernel.launch.remote.sample_parent_id` in the session of the kernel's client
+    (taken from this set-up request), so ipyparallel files it apart from every request."""
+    if data_pub is None:
+        return None
+    from jdist.protocol import encode_data
+
+    parent = dict(data_pub.parent_header or {})
+    parent["msg_id"] = f"jdist-sample-{rank}"
+    session, socket_ = data_pub.session, data_pub.pub_socket
+
+    def send(text: str) -> None:
+        from ipyparallel.serialize import serialize_object
+
+        data = {"jdist-sample": encode_data(text)}
+        session.send(socket_, "data_message", content={"keys": list(data)}, parent=parent,
+                     buffers=serialize_object(data), ident=data_pub.topic)
+
+    return send
 
 
 def _pre_cell(info: Any = None) -> None:

@@ -244,4 +244,9 @@ def describe_rank(s: RankSession) -> dict[str, Any]:
     return RankInfo(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
                     local_world_size=ctx.local_world_size, host=ctx.hostname, pid=os.getpid(),
                     device=str(ctx.device), backend=s.backend_name, main_thread=threading.main_thread().ident or 0,
-                    protocol=PROTOCOL_VERSION, jdist=__version__)
+                    protocol=PROTOCOL_VERSION, jdist=__version__, slurm_step=_slurm_step())
+
+
+def _slurm_step() -> str | None:
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if job and step else None

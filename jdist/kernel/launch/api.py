@@ -9,7 +9,8 @@ rank processes directly, so nothing assumes that the ranks run on the kernel's h
 
 Launchers are found by name through the ``jdist.launchers`` entry points
 (:func:`jdist.plugins.launcher_class`; ``--launcher NAME``). jdist's own:
-``local-mpi`` (:class:`jdist.kernel.launch.local_mpi.LocalMPILauncher`).
+``local-mpi`` (:class:`jdist.kernel.launch.local_mpi.LocalMPILauncher`), ``ssh`` and ``slurm``
+(:mod:`jdist.kernel.launch.remote`: ranks on other hosts).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class RankLauncher(ABC):
 
     #: The name under which it is registered (``--launcher``).
     name: ClassVar[str] = ""
+    #: Whether ranks may run on other hosts than the kernel's: then no file or PID of this host
+    #: reaches them, and a reaper ends :meth:`processes` if the kernel dies (:mod:`jdist.kernel.reaper`).
+    remote: ClassVar[bool] = False
 
     def __init__(self, config: ClusterConfig, work_dir: Path):
         self.config = config
@@ -61,6 +65,10 @@ class RankLauncher(ABC):
     def controller_ip(self) -> str:
         """The address the ipyparallel controller listens on (loopback unless ranks are remote)."""
         return "127.0.0.1"
+
+    def describe(self) -> str:
+        """Where the ranks start, for the progress line (" on gpu1, gpu2 over ssh"); "" for this machine."""
+        return ""
 
     @abstractmethod
     def engine_launcher_class(self) -> type:
@@ -92,6 +100,9 @@ class RankLauncher(ABC):
         """The output of an engine launcher that ended before every rank registered, else None."""
 
     # -- while the ranks run ----------------------------------------------------------------
+    def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
+        """The kernel's ipyparallel client and each rank's engine id (signals through the controller)."""
+
     @abstractmethod
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         """Start noticing the death of any of ``ranks`` (the set-up ranks, by rank order)."""
@@ -134,6 +145,14 @@ class RankLauncher(ABC):
 
     def stopping(self) -> None:
         """The cluster is about to stop the engines (note what must be cleaned up after them)."""
+
+    def processes(self) -> list[int]:
+        """PIDs on this host that must end with the cluster if the kernel dies (remote launchers)."""
+        return []
+
+    def cleanup_commands(self) -> list[list[str]]:
+        """Commands to run after ending :meth:`processes` if the kernel dies (e.g. ``scancel``)."""
+        return []
 
     def stop(self) -> None:
         """Release what the launcher holds (threads, files); the cluster stops the engines."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from .base import Backend, CommTimer, RankContext
@@ -72,11 +73,14 @@ def _tcp_store(ctx: RankContext) -> Any:
     error = None
     if ctx.rank == 0:
         try:
+            # torch's TCPStore listens on every interface whatever address it is given: a socket
+            # bound to the chosen address, handed over, keeps it there
+            listener = socket.create_server((ctx.master_addr, port), backlog=max(128, ctx.world_size))
+            port = listener.getsockname()[1]
             store = dist.TCPStore(ctx.master_addr, port, ctx.world_size, True, timeout=ctx.timeout,
-                                  wait_for_workers=False)
-            port = store.port
-        except RuntimeError as exc:
-            error = f"rank 0 could not listen on {ctx.hostname}:{port} for the process group ({exc})"
+                                  wait_for_workers=False, master_listen_fd=listener.detach())
+        except (RuntimeError, OSError) as exc:
+            error = f"rank 0 could not listen on {ctx.master_addr}:{port} ({ctx.hostname}) for the process group ({exc})"
     port, error = ctx.comm.bcast((port, error), root=0)
     if error:
         raise RuntimeError(f"{error}. Choose another --port, or leave --port out.")

@@ -1,0 +1,452 @@
+"""Ranks on other hosts: ``--hosts``/``--hostfile`` (MPICH hydra over ssh) and ``--slurm`` (srun).
+
+Both are ipyparallel's own ``MPIEngineSetLauncher`` with another ``mpi_cmd``: MPICH's
+``mpiexec.hydra -launcher ssh -hosts ...`` or ``srun --mpi=pmi2 --kill-on-bad-exit=1``. The
+kernel's host may run none of the ranks, so nothing here uses a PID of a rank:
+
+* **Death:** a shell around each engine prints ``jdist-rank-exit <rank> <status>`` when the
+  engine ends; hydra and srun bring that line back in their output, which ipyparallel writes
+  to a file on this host. A launcher process that ended means every rank it had ended.
+  hydra ends the job when one rank dies; srun does with ``--kill-on-bad-exit``.
+* **Stacks and samples:** the signal goes through ipyparallel's signed control channel
+  (``Client.send_signal``); the rank's guard thread reads its main thread's stack and sends
+  it back as an IOPub data message (:data:`SAMPLE_KEY`).
+* **Nothing left behind:** a reaper process on this host (:mod:`jdist.kernel.reaper`) ends the
+  controller, the launcher and the Slurm job step if the kernel dies without stopping them;
+  engines exit by themselves once the controller's heartbeat is gone
+  (:data:`ENGINE_HEARTBEAT_MISSES`).
+
+Engines read the controller's connection file (0600) from the profile folder: the hosts must
+share that filesystem (the usual HPC home), and the session key is never in an environment
+that hydra or srun copy over the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+from jdist.errors import ClusterError
+from jdist.network import address_of, interface_of, interfaces, is_loopback, resolve, route_source
+from jdist.options import parse_hosts, read_hostfile
+from jdist.procs import popen_alive
+from jdist.protocol import RankInfo
+from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
+
+from .api import RankDeath, RankLauncher
+from .local_mpi import ENGINE_MODULE, _cause, _engine_set_launcher, mpiexec_path
+
+#: The shell around each remote engine: passes signals on, then prints the rank's exit status
+#: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
+REMOTE_WRAPPER = (
+    '"$@" & child=$!; '
+    "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
+    "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
+    'echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code'
+)
+EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
+#: A remote engine ends itself after this many missed controller heartbeats (each check waits the
+#: controller's period + 0.5 s: 10 x 0.7 s = 7 s after the controller is gone, while it is idle).
+ENGINE_HEARTBEAT_MISSES = 10
+#: The key of a rank's sample in its IOPub data message; the message's parent id is
+#: :func:`sample_parent_id` (not a request of the client: ipyparallel keeps it apart).
+SAMPLE_KEY = "jdist-sample"
+#: How long a host check (ssh + python) may take.
+PROBE_TIMEOUT_S = 20.0
+
+
+def sample_parent_id(rank: int) -> str:
+    """The IOPub parent id under which rank ``rank`` sends its samples to the kernel's client."""
+    return f"jdist-sample-{rank}"
+
+
+class RemoteMPILauncher(RankLauncher):
+    """What ``--hosts`` and ``--slurm`` share (see the module doc); subclasses say the command."""
+
+    remote: ClassVar[bool] = True
+
+    def __init__(self, config: Any, work_dir: Path):
+        super().__init__(config, work_dir)
+        self._address: str | None = None
+        self._ranks: list[RankInfo] = []
+        self._exits: dict[int, int] = {}  # rank -> exit status, in the order they came
+        self._read = 0  # bytes of the launcher output already scanned
+        self._all_ended = False
+        self.client: Any = None
+        self.engine_of_rank: dict[int, int] = {}
+
+    # -- starting ---------------------------------------------------------------------------
+    def mpi_cmd(self) -> list[str]:
+        raise NotImplementedError
+
+    def first_host(self) -> str | None:
+        """A host the ranks run on, another than this one if there is (the controller listens on the
+        address that reaches it)."""
+        return None
+
+    @property
+    def controller_ip(self) -> str:
+        assert self._address is not None, "probe() chooses the address"
+        return self._address
+
+    def choose_address(self) -> str:
+        """``--ip``, else ``--iface``'s address, else the address of the route to the first host."""
+        cfg = self.config
+        if cfg.ip:
+            if interface_of(cfg.ip) is None:
+                raise ClusterError(f"--ip {cfg.ip} is not an address of this machine; its addresses are on "
+                                   f"{', '.join(interfaces())} (--iface NAME picks one).")
+            return cfg.ip
+        if cfg.iface:
+            addr = address_of(cfg.iface)
+            if addr is None:
+                raise ClusterError(f"--iface {cfg.iface}: no such interface with an IPv4 address here; "
+                                   f"choose one of {', '.join(interfaces())}.")
+            return addr
+        host = self.first_host()
+        if host is None:
+            raise ClusterError("Could not tell which address the ranks reach this machine at: give --ip ADDR "
+                               "or --iface NAME.")
+        try:
+            addr = route_source(resolve(host))
+        except OSError as exc:
+            raise ClusterError(f"Host {host!r} does not resolve here ({exc.strerror or exc}); check the name, "
+                               "or give --ip/--iface.") from None
+        if is_loopback(addr) and self.spans_other_hosts():
+            raise ClusterError(f"{host!r} resolves to this machine's loopback address; the ranks of other hosts "
+                               f"cannot reach it. Give --ip ADDR or --iface NAME (interfaces: "
+                               f"{', '.join(interfaces())}).")
+        return addr
+
+    def spans_other_hosts(self) -> bool:
+        """Whether some rank may run on another host than this one."""
+        return True
+
+    def engine_launcher_class(self) -> type:
+        return _engine_set_launcher()
+
+    def configure(self, ipp_config: Any) -> None:
+        # engines read the connection file (0600, a shared home): the HMAC key never travels in an
+        # environment that hydra or srun copy to the other hosts in clear text
+        ipp_config.Cluster.send_engines_connection_env = False
+        ipp_config.MPILauncher.mpi_cmd = self.mpi_cmd()
+        ipp_config.MPILauncher.mpi_args = []
+        ipp_config.MPILauncher.environment = {"MPI4PY_RC_FINALIZE": "false"}
+        ipp_config.MPIEngineSetLauncher.engine_cmd = [
+            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-m", ENGINE_MODULE,
+        ]
+        ipp_config.MPIEngineSetLauncher.engine_args = [
+            f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}", "--log-level=ERROR",
+        ]
+
+    def output_bytes(self) -> bytes:
+        """What the launcher printed so far (ranks' stdout/stderr, hydra's or srun's messages)."""
+        out = b""
+        for launcher in self.engine_launchers():
+            path = getattr(launcher, "output_file", None)
+            if path:
+                try:
+                    out += Path(path).read_bytes()
+                except OSError:
+                    pass
+        return out
+
+    def exited_early(self) -> str | None:
+        for launcher in self.engine_launchers():
+            if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
+                return self.output_bytes().decode("utf-8", "replace").strip() or "(no output)"
+        return None
+
+    # -- while the ranks run ----------------------------------------------------------------
+    def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
+        self.client = client
+        self.engine_of_rank = dict(engine_of_rank)
+
+    def watch(self, ranks: Sequence[RankInfo]) -> None:
+        self._ranks = list(ranks)
+        self._exits, self._read, self._all_ended = {}, 0, False
+
+    def _scan(self) -> None:
+        for launcher in self.engine_launchers():
+            path = getattr(launcher, "output_file", None)
+            if not path:
+                continue
+            try:
+                size = os.stat(path).st_size
+                if size > self._read:
+                    with open(path, "rb") as f:
+                        f.seek(self._read)
+                        chunk = f.read(size - self._read)
+                    cut = chunk.rfind(b"\n") + 1  # whole lines only
+                    self._read += cut
+                    for m in EXIT_LINE.finditer(chunk[:cut]):
+                        self._exits.setdefault(int(m.group(1)), int(m.group(2)))
+            except OSError:
+                pass
+            if not popen_alive(getattr(launcher, "process", None)):
+                self._all_ended = True
+
+    def deaths(self) -> list[int]:
+        self._scan()
+        dead = [r for r in self._exits if r >= 0]
+        if self._all_ended:
+            dead += [info["rank"] for info in self._ranks if info["rank"] not in self._exits]
+        return dead
+
+    def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
+        """The first rank whose exit line came back, and its status. The launcher ends the job
+        (hydra at once, srun with --kill-on-bad-exit); after ``wait`` s it is told to."""
+        deadline = time.monotonic() + wait
+        first = dead[0] if dead else None
+        while time.monotonic() < deadline and not self._all_ended:
+            self._scan()
+            time.sleep(0.05)
+        if not self._all_ended:
+            for launcher in self.engine_launchers():
+                try:
+                    launcher.signal(signal.SIGTERM)
+                except Exception:  # already gone
+                    pass
+        code = self._exits.get(first) if first is not None else None
+        host = next((info["host"] for info in self._ranks if info["rank"] == first), None)
+        cause = _cause(code, False)
+        if code is None:
+            cause = "the rank's process or its host went away (no exit status came back)"
+        if host:
+            cause += f" on host {host}"
+        text = self.output_bytes().decode("utf-8", "replace").strip()
+        return RankDeath(first, cause, text[-2000:])
+
+    def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
+        """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""
+        from jdist.protocol import decode_data
+
+        client = self.client
+        if client is None:
+            return {info["rank"]: Sample() for info in ranks}
+        wanted = {}
+        for info in ranks:
+            md = client.metadata[sample_parent_id(info["rank"])]
+            md["data"].pop(SAMPLE_KEY, None)
+            if info["rank"] in self.engine_of_rank:
+                wanted[info["rank"]] = md
+        try:
+            client.send_signal(SAMPLE_SIGNAL, targets=[self.engine_of_rank[r] for r in wanted], block=False)
+        except Exception:  # engines gone: no samples
+            return {info["rank"]: Sample() for info in ranks}
+        out: dict[int, Sample] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < len(wanted) and time.monotonic() < deadline:
+            time.sleep(0.005)
+            for r, md in wanted.items():
+                if r not in out and SAMPLE_KEY in md["data"]:
+                    out[r] = parse_sample(decode_data(md["data"][SAMPLE_KEY]))
+        return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
+
+    def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
+        """Each rank's main-thread stack, read by its guard thread (under the GIL, which a blocked
+        collective releases) and sent back over the network."""
+        return {r: list(sample.frames) for r, sample in self.samples(ranks, timeout).items()}
+
+    def ranks_ended(self) -> None:
+        """hydra and srun end by themselves once every rank has ended: give them a moment first."""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if not any(popen_alive(getattr(el, "process", None)) for el in self.engine_launchers()):
+                return
+            time.sleep(0.02)
+
+    def processes(self) -> list[int]:
+        """PIDs on this host that the reaper ends if the kernel dies: the launcher processes."""
+        return [el.process.pid for el in self.engine_launchers() if getattr(el, "process", None) is not None]
+
+    def cleanup_commands(self) -> list[list[str]]:
+        """Commands the reaper runs after ending :meth:`processes` (e.g. ``scancel`` of the job step)."""
+        return []
+
+    # -- probing hosts ------------------------------------------------------------------------
+    def check_hosts(self, hosts: Sequence[str], run: Any) -> None:
+        """Every host runs this Python with jdist, ipyparallel and mpi4py, and sees the profile
+        folder (a shared filesystem); ``run(host, argv)`` runs a command there. One line per problem."""
+        profile = Path(os.environ.get("IPYTHONDIR") or Path.home() / ".ipython")
+        script = ("import sys, os, importlib.util as u; "
+                  "missing = [m for m in ('jdist', 'ipyparallel', 'mpi4py', 'torch') if u.find_spec(m) is None]; "
+                  f"print('missing=' + ','.join(missing)); print('shared=' + str(os.path.isdir({str(profile)!r})))")
+        if self.config.gpus:
+            script += "; import torch; print('gpus=' + str(torch.cuda.device_count()))"
+        argv = [sys.executable, "-c", script]
+
+        def check(host: str) -> str | None:
+            try:
+                proc = run(host, argv)
+            except subprocess.TimeoutExpired:
+                return f"host {host} did not answer within {PROBE_TIMEOUT_S:.0f} s"
+            out = proc.stdout or ""
+            if "missing=" not in out:
+                err = (proc.stderr or "").strip().splitlines()
+                reason = err[-1] if err else f"exit status {proc.returncode}"
+                if "No such file" in reason or proc.returncode == 127:
+                    return (f"host {host} has no {sys.executable}: install the same environment at the same path "
+                            "on every host (docs/multinode.md)")
+                return f"host {host}: {reason}"
+            values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+            if values.get("missing"):
+                return (f"host {host}: {sys.executable} lacks {values['missing']}; install jdist into that "
+                        "environment on every host")
+            if values.get("shared") != "True":
+                return (f"host {host} does not see {profile}: the hosts must share the home (or IPYTHONDIR) "
+                        "with this machine, where the controller's connection file is")
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            problems = [p for p in pool.map(check, hosts) if p]
+        if problems:
+            raise ClusterError("; ".join(problems) + ".")
+
+
+def _is_this_host(host: str) -> bool:
+    """Whether ``host`` names this machine (its hostname, or an address that resolves to one of its own)."""
+    import socket
+
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        addr = resolve(host)
+    except OSError:
+        return False
+    return is_loopback(addr) or interface_of(addr) is not None
+
+
+class SSHLauncher(RemoteMPILauncher):
+    """``--hosts``/``--hostfile``: MPICH's hydra starts the ranks over ssh (``-launcher ssh``)."""
+
+    name = "ssh"
+
+    def hosts(self) -> list[tuple[str, int]]:
+        if self.config.hosts:
+            return parse_hosts(self.config.hosts)
+        if self.config.hostfile:
+            return read_hostfile(self.config.hostfile)
+        raise ClusterError("--launcher ssh needs --hosts or --hostfile.")
+
+    def first_host(self) -> str | None:
+        names = [h for h, _ in self.hosts()]
+        return next((h for h in names if not _is_this_host(h)), names[0])
+
+    def spans_other_hosts(self) -> bool:
+        return any(not _is_this_host(h) for h, _ in self.hosts())
+
+    def describe(self) -> str:
+        return f" on {', '.join(dict.fromkeys(h for h, _ in self.hosts()))} over ssh"
+
+    def probe(self) -> None:
+        mpiexec_path()
+        hydra = Path(mpiexec_path()).with_name("mpiexec.hydra")
+        if not hydra.exists():
+            raise ClusterError(f"No mpiexec.hydra next to {mpiexec_path()}: install MPICH into this environment "
+                               f"({sys.executable} -m pip install mpich mpi4py).")
+        if shutil.which("ssh") is None:
+            raise ClusterError("--hosts starts ranks over ssh, and no ssh client is installed here.")
+        self._address = self.choose_address()
+        names = [h for h, _ in self.hosts()]
+
+        def run(host: str, argv: list[str]) -> subprocess.CompletedProcess:
+            return subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(PROBE_TIMEOUT_S)}",
+                                   host, shlex.join(argv)], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+
+        def reach(host: str, argv: list[str]) -> subprocess.CompletedProcess:
+            if _is_this_host(host):  # hydra starts this host's ranks itself, without ssh
+                return subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                                      stdin=subprocess.DEVNULL)
+            proc = run(host, argv)
+            if proc.returncode == 255:  # ssh's own failure
+                err = (proc.stderr or "").strip().splitlines()
+                raise_for = err[-1] if err else "ssh failed"
+                proc.stdout = ""
+                proc.stderr = (f"ssh cannot reach it ({raise_for}); check the name, that `ssh {host}` works "
+                               "without a password (keys), and its host key")
+            return proc
+
+        self.check_hosts(list(dict.fromkeys(names)), reach)
+
+    def mpi_cmd(self) -> list[str]:
+        hydra = str(Path(mpiexec_path()).with_name("mpiexec.hydra"))
+        spec = ",".join(f"{h}:{n}" for h, n in self.hosts())
+        cmd = [hydra, "-launcher", "ssh", "-hosts", spec]
+        if self.config.iface:
+            cmd += ["-iface", self.config.iface]
+        return cmd
+
+
+class SlurmLauncher(RemoteMPILauncher):
+    """``--slurm``: one Slurm job step, ``srun --mpi=pmi2`` (inside an allocation, or asking for one)."""
+
+    name = "slurm"
+
+    def __init__(self, config: Any, work_dir: Path):
+        super().__init__(config, work_dir)
+        self.step: str | None = None  # "<job>.<step>", from the ranks
+        self.own_job = "SLURM_JOB_ID" not in os.environ  # srun asked for the allocation itself
+
+    def describe(self) -> str:
+        return " as a Slurm job step (srun" + (f" -N {self.config.nodes}" if self.config.nodes else "") + ")"
+
+    def srun_args(self) -> list[str]:
+        return shlex.split(self.config.slurm or "")
+
+    def probe(self) -> None:
+        for tool in ("srun", "scontrol"):
+            if shutil.which(tool) is None:
+                raise ClusterError(f"--slurm: {tool} is not on PATH here; run the kernel on a Slurm login node "
+                                   "(or load the Slurm module), or use --hosts.")
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        if ping.returncode != 0 or "UP" not in ping.stdout:
+            raise ClusterError(f"--slurm: the Slurm controller does not answer ({(ping.stdout + ping.stderr).strip()}).")
+        self._address = self.choose_address()
+
+    def first_host(self) -> str | None:
+        nodelist = os.environ.get("SLURM_JOB_NODELIST")
+        if nodelist:
+            names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+            if names.returncode == 0 and names.stdout.split():
+                return names.stdout.split()[0]
+        conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+        m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", conf.stdout, re.M)
+        return (m.group(2) or m.group(1)) if m else None
+
+    def mpi_cmd(self) -> list[str]:
+        cmd = ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "--job-name=jdist"]
+        if self.config.nodes:
+            cmd += ["-N", str(self.config.nodes)]
+        return cmd + self.srun_args()
+
+    def watch(self, ranks: Sequence[RankInfo]) -> None:
+        super().watch(ranks)
+        steps = {info.get("slurm_step") for info in ranks} - {None}
+        self.step = steps.pop() if len(steps) == 1 else None
+
+    def cleanup_commands(self) -> list[list[str]]:
+        if self.step is None:
+            return []
+        job = self.step.split(".")[0]
+        return [["scancel", job if self.own_job else self.step]]
+
+    def stop(self) -> None:
+        """Cancel the job step if it outlived srun (srun killed); the job too when srun asked for it."""
+        if self.step is not None:
+            job = self.step.split(".")[0]
+            steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True,
+                                   timeout=PROBE_TIMEOUT_S)
+            if self.step in steps.stdout.split():
+                subprocess.run(self.cleanup_commands()[0], capture_output=True, timeout=PROBE_TIMEOUT_S)
+        self.step = None

@@ -1,0 +1,288 @@
+"""Ranks on two hosts: ``--hosts`` over ssh and ``--slurm``, on the two-node test bed.
+
+The bed (tools/testbed.py) makes two nodes on this machine from network, UTS, PID and mount
+namespaces, each with its own sshd and slurmd (node1 also runs slurmctld and munged). The
+kernel under test runs on node1, like a kernel on an HPC login node; this test process drives
+it over ipc sockets in the shared build folder. Nothing is mocked: real ssh, real Slurm, real
+MPI across a veth pair, real gloo between the hosts.
+
+Skipped, with one line saying why, where the bed cannot be made (not root, no namespaces,
+Slurm/sshd not installed: ``make test`` installs them with tools/install_testbed.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import KernelSession, strip_ansi, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import testbed  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+STATE = ROOT / "build" / "testbed"
+
+
+@pytest.fixture(scope="module")
+def bed():
+    why = testbed.unavailable()
+    if why:
+        pytest.skip(f"multi-node tests: {why}")
+    b = testbed.Testbed(STATE)
+    t0 = time.perf_counter()
+    b.up()
+    b.up_seconds = time.perf_counter() - t0
+    yield b
+    b.down()
+
+
+class NodeKernel(KernelSession):
+    """A Jupyter kernel started on a node of the bed (nsenter), reached over ipc sockets."""
+
+    def __init__(self, bed: Any, node: str, name: str):
+        from jupyter_client.manager import KernelManager
+
+        self.bed = bed
+        base = STATE / "kernels" / name
+        for sub in ("ipython", "runs", "runtime"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(IPYTHONDIR=str(base / "ipython"), JDIST_RUN_DIR=str(base / "runs"),
+                   JUPYTER_RUNTIME_DIR=str(base / "runtime"), PYTHONUNBUFFERED="1",
+                   PYTHONPATH=str(ROOT / "tests"))
+
+        class OnNode(KernelManager):
+            def format_kernel_cmd(self, extra_arguments: Any = None) -> list[str]:
+                return bed.command(node, super().format_kernel_cmd(extra_arguments), cwd=str(ROOT))
+
+        km = OnNode(kernel_name="python3", transport="ipc", ip=str(base / "runtime" / "kernel-ipc"),
+                    connection_file=str(base / "runtime" / "kernel.json"))
+        km.kernel_spec.interrupt_mode = "message"  # the launched process is nsenter, not the kernel
+        km.start_kernel(env=env)
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        self.km, self.kc = km, kc
+
+    def pid(self) -> int:
+        """The kernel's PID as this machine numbers it (the child of nsenter)."""
+        nsenter = self.km.provisioner.process.pid
+        return int(Path(f"/proc/{nsenter}/task/{nsenter}/children").read_text().split()[0])
+
+
+@pytest.fixture(scope="module")
+def login(bed):
+    """A kernel on node1 with jdist loaded."""
+    k = NodeKernel(bed, "node1", "login")
+    k.run("%load_ext jdist")
+    yield k
+    k.run("%dist stop", allow_error=True)
+    k.shutdown()
+
+
+def on_node(bed: Any, node: str, script: str) -> str:
+    proc = bed.run(node, ["sh", "-c", script], timeout=30)
+    return proc.stdout
+
+
+def engines_on(bed: Any, node: str) -> list[str]:
+    """PIDs (in the node's numbering) of ipyparallel engines running on ``node``."""
+    out = on_node(bed, node, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+                             "grep -q '^[^ ]*python[^ ]* -m ipyparallel.engine' && basename $p; done; true")
+    return out.split()
+
+
+TRAIN = """\
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = jdist.prepare(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(100 + rank)
+for step in range(20):
+    x = torch.randn(16, 8, generator=g)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    jdist.log(step=step, loss=loss)
+import socket
+weights = float(sum(p.detach().sum() for p in model.parameters()))
+where = (rank, socket.gethostname(), local_rank, os.environ.get("GLOO_SOCKET_IFNAME"))
+"""
+
+
+def check_training(k: KernelSession, n: int) -> list[tuple]:
+    counts = k.value(f"[jdist.last_run().count(r) for r in range({n})]")
+    assert counts == [20] * n, counts  # every rank's records came back over the network
+    k.run("import os\n%dist pull weights\n%dist pull where")
+    weights = k.value("weights")
+    assert len(weights) == n and max(weights) - min(weights) < 1e-5, weights  # DDP kept the replicas equal
+    return [tuple(w) for w in k.value("where")]
+
+
+def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
+    out = login.run(f"%%distributed --hosts node1:1,node2:1 --timeout 30\nimport os\n{TRAIN}", timeout=240)
+    assert "over ssh" in out.stdout, out.stdout
+    where = check_training(login, 2)
+    assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node2", 0)]
+    assert {iface for *_, iface in where} == {"jdtb1", "jdtb2"}  # never lo between hosts
+    status = strip_ansi(login.run("%dist status").stdout)
+    assert re.search(r"node1", status) and re.search(r"node2", status), status
+    t0 = time.perf_counter()
+    login.run("%dist stop")
+    stop_s = time.perf_counter() - t0
+    wait_for(lambda: not engines_on(bed, "node2") and not engines_on(bed, "node1"), timeout=15,
+             what="no engine left on either node")
+    print(f"\n--hosts 2 nodes x 1 rank: start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+
+
+def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
+    out = login.run(f"%%distributed --slurm -N 2 -n 4 --timeout 30\nimport os\n{TRAIN}", timeout=240)
+    assert "Slurm job step" in out.stdout, out.stdout
+    where = check_training(login, 4)
+    assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node1", 1), (2, "node2", 0),
+                                                       (3, "node2", 1)]
+    assert login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ranks[0]['slurm_step']")
+    t0 = time.perf_counter()
+    login.run("%dist stop")
+    stop_s = time.perf_counter() - t0
+    wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=15, what="no Slurm job left")
+    assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
+    print(f"\n--slurm 2 nodes x 2 ranks: start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+
+
+def test_all_ranks_on_the_other_node(bed, login):
+    login.run("%%distributed --hosts node2:2 --timeout 30\nimport os\n" + TRAIN, timeout=240)
+    where = check_training(login, 2)
+    assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node2", 0), (1, "node2", 1)]
+    login.run("%dist stop")
+
+
+def test_a_killed_remote_rank_is_detected_and_named(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport os, time\npid = os.getpid()")
+    login.run("%dist pull pid")
+    remote_pid = login.value("pid")[1]  # rank 1's PID on node2 (node2's numbering)
+    msg = login.start("%%distributed\nprint('training', flush=True)\nfor i in range(600):\n    time.sleep(0.1)\n"
+                      "    jdist.log(step=i)")
+    login.wait_for_stdout(msg, "training", timeout=30)
+    t0 = time.perf_counter()
+    bed.run("node2", ["kill", "-9", str(remote_pid)])
+    out = login.collect(msg, timeout=60)
+    detect_s = time.perf_counter() - t0
+    text = strip_ansi(out.stdout + out.stderr + out.traceback)
+    assert "rank 1" in text and "SIGKILL" in text and "node2" in text, text
+    print(f"\nkilled remote rank reported after {detect_s:.2f} s:\n{text}")
+    print(login.value("[jdist.last_run().count(r) for r in (0, 1)]"))
+    login.run("%dist stop", allow_error=True)
+    wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
+             what="no engine left")
+
+
+def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
+    # gloo's classic trap: a rank that resolved its own name would use loopback between hosts
+    assert on_node(bed, "node2", "getent hosts node2").split()[0] == "127.0.1.1"
+    assert on_node(bed, "node1", "getent hosts node2").split()[0] == "198.18.0.2"
+
+
+def _hang_and_stacks(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\nimport torch.distributed as dist")
+    out = login.run("%%distributed --watchdog 3\nx = torch.ones(1)\nif rank == 1:\n    dist.all_reduce(x)",
+                    allow_error=True, timeout=120)
+    tb = strip_ansi(out.traceback)
+    assert out.error["ename"] == "HangError", out.shown
+    assert "rank 1: waiting in all_reduce (cell line 3)" in tb, tb
+    assert "rank 0: finished the cell" in tb and "process group was re-created" in tb, tb
+    login.run("%%distributed --watchdog 30\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
+    stacks = strip_ansi(login.run("%dist stacks").stdout)
+    assert stacks.count("idle (no cell running)") == 2, stacks
+
+
+def test_a_hang_across_hosts_names_each_rank_and_stacks_come_over_the_network(bed, login):
+    _hang_and_stacks(bed, login)
+
+
+def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\nimport torch.distributed as dist\n"
+              "counter = 0")
+    msg = login.start("%%distributed --output all\nif rank == 1:\n    dist.all_reduce(torch.ones(1))\n"
+                      "while True:\n    counter += 1\n    if counter == 20: print('looping', flush=True)\n"
+                      "    time.sleep(0.01)")
+    login.wait_for_stdout(msg, "[rank 0] looping")
+    time.sleep(1.0)  # rank 1 (node2) waits in the all_reduce by now
+    login.km.interrupt_kernel()
+    out = login.collect(msg, timeout=100)
+    assert out.error["ename"] == "KeyboardInterrupt", out.shown
+    assert "variables on the ranks are kept" in out.stderr and "re-created" in out.stderr, out.stderr
+    login.run("%dist pull counter")
+    assert login.value("counter")[0] > 10
+    login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
+    login.run("%dist stop")
+
+
+#: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
+NOT_JDIST = ("mpiexec.hydra", "hydra_pmi_proxy", "srun", "sshd", "slurmd", "slurmctld", "slurmstepd", "munged")
+
+
+def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
+    """(local address:port, process name) of every listening TCP socket on ``node``."""
+    out = on_node(bed, node, "ss -ltnpH")
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        users = re.findall(r'\("([^"]+)",pid=(\d+)', line)
+        m = re.search(r'users:\(\("([^"]+)",pid=(\d+)', line)
+        name = m.group(1) if m else "?"
+        launcher = [u for u, _ in users if u in NOT_JDIST]
+        if launcher:  # hydra's control port, inherited by the ranks it forks on its own host
+            name = launcher[0]
+        elif m and name.startswith("python"):
+            cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
+            name = "controller" if "ipyparallel.controller" in cmd else "rank" if "ipyparallel.engine" in cmd else cmd[:60]
+        rows.append((parts[3], name))
+    return rows
+
+
+def test_listeners_bind_only_the_chosen_address_or_loopback(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch.distributed as dist\n"
+              "dist.barrier()")
+    table = {node: listeners(bed, node) for node in bed.nodes}
+    print("\nlisteners while a --hosts cluster runs:")
+    for node, rows in table.items():
+        for addr, name in sorted(rows, key=lambda r: r[1]):
+            print(f"  {node:6} {name:16} {addr}")
+    ours = [(node, addr, name) for node, rows in table.items() for addr, name in rows if name not in NOT_JDIST]
+    assert any(name == "controller" for _, _, name in ours) and any(name == "rank" for _, _, name in ours), ours
+    allowed = {"node1": ("198.18.0.1:", "127.0.0.1:", "[::1]:"), "node2": ("198.18.0.2:", "127.0.0.1:", "[::1]:")}
+    wide = [(node, addr, name) for node, addr, name in ours if not addr.startswith(allowed[node])]
+    assert not wide, f"jdist listeners on all interfaces or another address: {wide}"
+    login.run("%dist stop")
+
+
+@pytest.mark.parametrize("where", ["--hosts node1:1,node2:1", "--slurm -N 2 -n 2"])
+def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
+    k = NodeKernel(bed, "node1", "doomed")
+    k.run("%load_ext jdist")
+    k.run(f"%%distributed {where} --timeout 30\nx = 1", timeout=240)
+    assert engines_on(bed, "node2")
+    t0 = time.perf_counter()
+    os.kill(k.pid(), signal.SIGKILL)
+
+    def left() -> list[str]:
+        found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
+        procs = on_node(bed, "node1", "ps -eo args")
+        found += [f"node1: {p}" for p in ("ipyparallel.controller", "srun", "mpiexec", "jdist.kernel.reaper")
+                  if p in procs]
+        if on_node(bed, "node1", "squeue -h").strip():
+            found.append("a Slurm job")
+        return found
+
+    wait_for(lambda: not left(), timeout=10, interval=0.1, what=f"nothing left after a kernel SIGKILL ({left()})")
+    print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
+    k.kc.stop_channels()
+    k.km.cleanup_resources()
