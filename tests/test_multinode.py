@@ -100,6 +100,11 @@ def engines_on(bed: Any, node: str) -> list[str]:
     return out.split()
 
 
+def shm_on(bed: Any, node: str) -> list[str]:
+    """MPI shared-memory segments in ``node``'s /dev/shm."""
+    return [name for name in on_node(bed, node, "ls /dev/shm").split() if name.startswith("mpich_shm_")]
+
+
 TRAIN = """\
 import torch, torch.nn as nn
 torch.manual_seed(0)
@@ -115,6 +120,12 @@ import socket
 weights = float(sum(p.detach().sum() for p in model.parameters()))
 where = (rank, socket.gethostname(), local_rank, os.environ.get("GLOO_SOCKET_IFNAME"))
 """
+
+
+def ready(out: Any) -> str:
+    """The start time the cell printed ("ready after 3.8 s")."""
+    m = re.search(r"Ready: .*\(([\d.]+) s\)", out.stdout)
+    return f"ready after {m.group(1)} s" if m else "no start time printed"
 
 
 def check_training(k: KernelSession, n: int) -> list[tuple]:
@@ -139,7 +150,7 @@ def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
     stop_s = time.perf_counter() - t0
     wait_for(lambda: not engines_on(bed, "node2") and not engines_on(bed, "node1"), timeout=15,
              what="no engine left on either node")
-    print(f"\n--hosts 2 nodes x 1 rank: start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+    print(f"\n--hosts 2 nodes x 1 rank: {ready(out)}, start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
 
 
 def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
@@ -154,7 +165,7 @@ def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
     stop_s = time.perf_counter() - t0
     wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=15, what="no Slurm job left")
     assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
-    print(f"\n--slurm 2 nodes x 2 ranks: start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+    print(f"\n--slurm 2 nodes x 2 ranks: {ready(out)}, start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
 
 
 def test_all_ranks_on_the_other_node(bed, login):
@@ -177,11 +188,12 @@ def test_a_killed_remote_rank_is_detected_and_named(bed, login):
     detect_s = time.perf_counter() - t0
     text = strip_ansi(out.stdout + out.stderr + out.traceback)
     assert "rank 1" in text and "SIGKILL" in text and "node2" in text, text
-    print(f"\nkilled remote rank reported after {detect_s:.2f} s:\n{text}")
-    print(login.value("[jdist.last_run().count(r) for r in (0, 1)]"))
+    print(f"\nkilled remote rank reported after {detect_s:.2f} s")
     login.run("%dist stop", allow_error=True)
     wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
              what="no engine left")
+    # the killed rank's MPI shared memory too (the shell around it removes what it noted)
+    wait_for(lambda: not any(shm_on(bed, node) for node in bed.nodes), timeout=5, what="no MPI segment left")
 
 
 def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
@@ -280,9 +292,65 @@ def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
                   if p in procs]
         if on_node(bed, "node1", "squeue -h").strip():
             found.append("a Slurm job")
+        found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]
         return found
 
-    wait_for(lambda: not left(), timeout=10, interval=0.1, what=f"nothing left after a kernel SIGKILL ({left()})")
+    wait_for(lambda: not left(), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
     print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
     k.kc.stop_channels()
     k.km.cleanup_resources()
+
+
+@pytest.mark.parametrize("line, says", [
+    ("--hosts nosuchhost:1,node2:1", "Host 'nosuchhost' does not resolve here"),
+    ("--hosts node2:1 -n 3", "has room for 1 rank(s), but -n 3 asks for 3"),
+    ("--hosts node2:1 --iface nosuch0", "--iface nosuch0: no such interface"),
+    ("--hosts node2:1 --ip 10.9.9.9", "--ip 10.9.9.9 is not an address of this machine"),
+    ("--slurm -N 3 -n 2", "-N 3: give 1 to 2 nodes for -n 2"),
+])
+def test_bad_multi_node_input_is_one_line_before_anything_starts(bed, login, line, says):
+    out = login.run(f"%%distributed {line}\npass", allow_error=True, timeout=60)
+    shown = strip_ansi(out.shown)
+    assert says in shown, shown
+    assert "Traceback" not in shown and len(shown.strip().splitlines()) == 1, shown
+    assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
+
+
+def test_a_host_ssh_cannot_reach_is_named(bed, login):
+    # node2 answers on 198.18.0.2:22 only; its name on another address would be a host ssh cannot reach
+    out = login.run("%%distributed --hosts 198.18.0.2:1,198.18.0.9:1 --ip 198.18.0.1\npass", allow_error=True,
+                    timeout=120)
+    shown = strip_ansi(out.shown)
+    assert "host 198.18.0.9: ssh cannot reach it" in shown and "host 198.18.0.2" not in shown, shown
+
+
+def test_restart_and_auto_restart_with_remote_ranks(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30 --auto-restart\nimport os, time\nbase = 41")
+    login.run("%dist pull base")
+    assert login.value("base") == [41, 41]
+    login.run("%dist restart")  # replays the set-up cell on new ranks, on both hosts again
+    login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\nhosts = [r['host'] for r in _c.current().ranks]")
+    assert login.value("base") == [41, 41] and login.value("hosts") == ["node1", "node2"]
+    login.run("%%distributed\npid = os.getpid()")
+    login.run("%dist pull pid")
+    remote_pid = login.value("pid")[1]
+    msg = login.start("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    login.wait_for_stdout(msg, "sleeping", timeout=30)
+    bed.run("node2", ["kill", "-9", str(remote_pid)])
+    out = login.collect(msg, timeout=120)
+    assert "restarting (--auto-restart)" in strip_ansi(out.stdout + out.stderr), out.shown
+    login.run("%dist pull base")
+    assert login.value("base") == [41, 41]
+    login.run("%dist stop")
+
+
+def test_encrypted_controller_traffic(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --encrypt --timeout 30\nimport torch.distributed as dist\n"
+              "dist.barrier()\nhost = __import__('socket').gethostname()")
+    login.run("%dist pull host")
+    assert login.value("host") == ["node1", "node2"]
+    security = Path(login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")) / "security"
+    info = [p for p in security.glob("ipcontroller-jdist-*-engine.json")]
+    assert info and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
+                        for p in info), [p.read_text() for p in info]
+    login.run("%dist stop")

@@ -2,7 +2,7 @@
 """A two-node test bed on one Linux machine, for jdist's multi-node tests (needs root).
 
 Each node is a network namespace plus its own UTS (hostname), PID and mount namespaces:
-a private ``/tmp`` and ``/run``, its own boot id (MPI tells hosts apart by it), an
+a private ``/tmp``, ``/run`` and ``/dev/shm``, its own boot id (MPI tells hosts apart by it), an
 ``/etc/hosts`` that names both nodes, and a veth pair between the nodes with addresses
 in 198.18.0.0/24 (the benchmarking range); as on Debian, a node's own name resolves to
 ``127.0.1.1`` there (the other node's name to its address). Each node runs an sshd (key auth, listening on
@@ -266,6 +266,7 @@ def _init(node: str, state: Path) -> None:
     sh("hostname", node)
     sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
     sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+    sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")  # MPI's segments: per host, as on machines
     os.makedirs("/run/sshd", mode=0o755)
     boot_id = Path("/run/boot_id")
     boot_id.write_text(str(uuid.uuid4()) + "\n")

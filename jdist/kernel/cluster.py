@@ -201,7 +201,8 @@ class ClusterSession:
                 last = have
             dead = self.launcher.exited_early()
             if dead is not None:
-                raise ClusterError(f"mpiexec exited before all ranks registered ({have}/{n}). Its output:", dead)
+                raise ClusterError(f"{self.launcher.program} exited before all ranks registered ({have}/{n}). "
+                                   "Its output:", dead)
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"Only {have}/{n} ranks registered within {self.config.start_timeout:.0f} s. "

@@ -4,9 +4,10 @@ A kernel that exits stops its cluster; one that is SIGKILLed cannot. With ranks 
 no rank can watch the kernel's PID, so the kernel starts this small process beside the cluster
 (in a session of its own, so a signal to the kernel's process group does not reach it). It
 waits for the kernel to end; if the cluster's plan file is still there (the kernel did not stop
-it), it sends SIGTERM to the listed processes (the controller, mpiexec or srun: each identified
-by PID and start time, never by name), runs the listed commands (``scancel`` of a Slurm job
-step), and SIGKILLs what is left 3 s later. Remote engines then end by themselves within seconds
+it), it runs the first listed command (SIGTERM to a Slurm job step's tasks, which then remove their
+MPI shared memory), sends SIGTERM to the listed processes (the controller, mpiexec or srun: each
+identified by PID and start time, never by name), SIGKILLs what is left 3 s later, and runs the
+other commands (``scancel`` of the job step). Remote engines then end by themselves within seconds
 (their controller's heartbeat is gone). The kernel removes the plan file when it stops the
 cluster, and ends this process.
 
@@ -50,18 +51,24 @@ def start(path: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def _run(commands: list[list[str]]) -> None:
+    for cmd in commands:
+        try:
+            subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
 def reap(plan: dict[str, Any]) -> None:
-    """End the plan's processes and run its commands."""
+    """Run the plan's first commands (e.g. SIGTERM to a job step's tasks), SIGTERM its processes,
+    SIGKILL those left after :data:`TERM_WAIT_S`, then run its last commands (``scancel``)."""
+    commands = plan.get("commands", [])
+    _run(commands[:1])
     procs = [p for p in plan.get("processes", []) if alive(p)]
     for p in procs:
         try:
             os.kill(int(p["pid"]), signal.SIGTERM)
         except ProcessLookupError:
-            pass
-    for cmd in plan.get("commands", []):
-        try:
-            subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
             pass
     deadline = time.monotonic() + TERM_WAIT_S
     while any(alive(p) for p in procs) and time.monotonic() < deadline:
@@ -72,6 +79,7 @@ def reap(plan: dict[str, Any]) -> None:
                 os.kill(int(p["pid"]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    _run(commands[1:])
 
 
 def main(argv: list[str]) -> int:

@@ -63,6 +63,8 @@ class Guard:
         self.stacks_file: IO[str] | None = None
         self.sample_path: Path | None = None
         self.report: Callable[[str], None] | None = None  # where samples go instead of sample_path
+        #: Called from the guard's thread on SIGTERM (also while the main thread is blocked in C++).
+        self.on_terminate: Callable[[], None] | None = None
         self.marker: Callable[[], str | None] | None = None  # the backend's collectives_started
         self.group_fds: set[int] = set()  # connected sockets of the process group
         self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
@@ -195,6 +197,8 @@ def _watch_signals() -> None:
             s = current()
             if s is None or s.guard is None:
                 continue
+            if signal.SIGTERM in data and s.guard.on_terminate is not None:
+                s.guard.on_terminate()
             if SAMPLE_SIGNAL in data:
                 s.guard.write_sample()
             if signal.SIGINT in data:

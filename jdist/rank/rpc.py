@@ -8,6 +8,7 @@ it never imports this module; ipyparallel runs them on the engines (``view.apply
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -73,6 +74,10 @@ def setup(config: SetupConfig) -> RankInfo:
     shell = get_ipython()
     data_pub = getattr(shell, "data_pub", None) if shell is not None else None
     guard.install(rank, work_dir, report=_sample_sender(data_pub, rank) if remote else None)
+    if remote:  # hydra or srun end the ranks with SIGTERM (a stop, a dead peer, the kernel's reaper)
+        _note_mpi_shm()
+        guard.on_terminate = _terminated
+        signal.signal(signal.SIGTERM, lambda signum, frame: _terminated())
     backend = spec.load()()
     guard.marker = backend.collectives_started
     s = RankSession(ctx=ctx, backend=backend, spec=spec,
@@ -243,6 +248,24 @@ def exit_process() -> None:
             pass
     _unlink_mpi_shm()  # MPI_Finalize did, unless a rank was busy
     os._exit(0)
+
+
+def _note_mpi_shm() -> None:
+    """Tell the shell around this engine our MPI shared-memory segments (it removes them after we end,
+    also after a SIGKILL; :data:`jdist.kernel.launch.remote.REMOTE_WRAPPER`)."""
+    from jdist.procs import mpi_shm_segments
+
+    note = os.environ.get("JDIST_SHM_NOTE")
+    if note:
+        with open(note, "w") as f:
+            f.writelines(f"{path}\n" for path in sorted(mpi_shm_segments([os.getpid()])))
+
+
+def _terminated() -> None:
+    """SIGTERM on a remote rank: remove this job's MPI shared-memory names, then end at once (the
+    default action would leave them in that host's /dev/shm, where nobody else can find them)."""
+    _unlink_mpi_shm()
+    os._exit(128 + signal.SIGTERM)
 
 
 def _unlink_mpi_shm() -> None:

@@ -66,6 +66,9 @@ class RankLauncher(ABC):
         """The address the ipyparallel controller listens on (loopback unless ranks are remote)."""
         return "127.0.0.1"
 
+    #: The program that starts the ranks, for messages ("mpiexec exited before ...").
+    program: ClassVar[str] = "mpiexec"
+
     def describe(self) -> str:
         """Where the ranks start, for the progress line (" on gpu1, gpu2 over ssh"); "" for this machine."""
         return ""
@@ -151,7 +154,8 @@ class RankLauncher(ABC):
         return []
 
     def cleanup_commands(self) -> list[list[str]]:
-        """Commands to run after ending :meth:`processes` if the kernel dies (e.g. ``scancel``)."""
+        """Commands to run if the kernel dies: the first before ending :meth:`processes`, the others
+        after (:func:`jdist.kernel.reaper.reap`)."""
         return []
 
     def stop(self) -> None:

@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from jdist.errors import ClusterError
-from jdist.network import address_of, interface_of, interfaces, is_loopback, resolve, route_source
+from jdist.network import (
+    address_of,
+    interface_of,
+    interfaces,
+    is_loopback,
+    resolve,
+    route_source,
+)
 from jdist.options import parse_hosts, read_hostfile
 from jdist.procs import popen_alive
 from jdist.protocol import RankInfo
@@ -47,10 +54,16 @@ from .local_mpi import ENGINE_MODULE, _cause, _engine_set_launcher, mpiexec_path
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
+#: The rank notes its MPI shared-memory segments in ``$JDIST_SHM_NOTE`` (a file of its host); the
+#: shell removes them after the engine ended, however it ended (SIGKILL included): a leftover
+#: segment with the name a later job picks makes that job fail in ``MPI_Init``.
 REMOTE_WRAPPER = (
+    'JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; '
     '"$@" & child=$!; '
     "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
     "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
+    'if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
+    'rm -f "$JDIST_SHM_NOTE"; fi; '
     'echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code'
 )
 EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
@@ -163,7 +176,10 @@ class RemoteMPILauncher(RankLauncher):
     def exited_early(self) -> str | None:
         for launcher in self.engine_launchers():
             if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
-                return self.output_bytes().decode("utf-8", "replace").strip() or "(no output)"
+                deadline = time.monotonic() + 1.0  # ipyparallel writes what it printed last a moment later
+                while not self.output_bytes().strip() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return self.output_bytes().decode("utf-8", "replace").strip()[-3000:] or "(no output)"
         return None
 
     # -- while the ranks run ----------------------------------------------------------------
@@ -330,6 +346,7 @@ class SSHLauncher(RemoteMPILauncher):
     """``--hosts``/``--hostfile``: MPICH's hydra starts the ranks over ssh (``-launcher ssh``)."""
 
     name = "ssh"
+    program = "mpiexec (hydra over ssh)"
 
     def hosts(self) -> list[tuple[str, int]]:
         if self.config.hosts:
@@ -392,6 +409,7 @@ class SlurmLauncher(RemoteMPILauncher):
     """``--slurm``: one Slurm job step, ``srun --mpi=pmi2`` (inside an allocation, or asking for one)."""
 
     name = "slurm"
+    program = "srun"
 
     def __init__(self, config: Any, work_dir: Path):
         super().__init__(config, work_dir)
@@ -436,10 +454,12 @@ class SlurmLauncher(RemoteMPILauncher):
         self.step = steps.pop() if len(steps) == 1 else None
 
     def cleanup_commands(self) -> list[list[str]]:
+        """SIGTERM to the step's tasks first (srun itself would end them with SIGKILL, leaving their
+        MPI shared memory behind), then cancel the step (the job, when srun asked for it)."""
         if self.step is None:
             return []
         job = self.step.split(".")[0]
-        return [["scancel", job if self.own_job else self.step]]
+        return [["scancel", "--signal=TERM", self.step], ["scancel", job if self.own_job else self.step]]
 
     def stop(self) -> None:
         """Cancel the job step if it outlived srun (srun killed); the job too when srun asked for it."""
@@ -448,5 +468,5 @@ class SlurmLauncher(RemoteMPILauncher):
             steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True,
                                    timeout=PROBE_TIMEOUT_S)
             if self.step in steps.stdout.split():
-                subprocess.run(self.cleanup_commands()[0], capture_output=True, timeout=PROBE_TIMEOUT_S)
+                subprocess.run(self.cleanup_commands()[-1], capture_output=True, timeout=PROBE_TIMEOUT_S)
         self.step = None
