@@ -81,3 +81,68 @@ def test_the_sidebar_lists_each_option_with_its_scope():
     assert rows["--port"]["value"] == "29500" and rows["--port"]["scope"] == "restart"
     assert rows["--threads"]["value"] == "default" and rows["--threads"]["scope"] == "live"
     assert rows["--auto-restart"]["value"] == "no"
+
+
+def parse_shlex(line: str) -> argparse.Namespace:
+    import shlex
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for flags, kwargs in parser_arguments():
+        parser.add_argument(*flags, **kwargs)
+    return parser.parse_args(shlex.split(line))
+
+
+def test_where_the_ranks_run_picks_the_launcher_and_the_rank_count():
+    given = requested(parse("--hosts gpu1:4,gpu2:4"))
+    assert (given["launcher"], given["n"], given["gpus"]) == ("ssh", 8, False)
+    assert requested(parse("--hosts gpu1:4,gpu2:4 --gpus 8"))["gpus"] is True
+    slurm = requested(parse_shlex('--slurm "-p gpu -A proj -t 60" -N 2 --gpus 8'))
+    assert (slurm["launcher"], slurm["slurm"], slurm["nodes"], slurm["n"]) == ("slurm", "-p gpu -A proj -t 60", 2, 8)
+    assert requested(parse("--slurm -N 2 -n 4"))["slurm"] == ""  # inside an allocation: srun as it is
+    assert plan(requested(parse("--hosts a:1,b:1")), None, restart=False).config.launcher == "ssh"
+
+
+def test_a_hostfile_gives_hosts_and_counts(tmp_path):
+    f = tmp_path / "hosts.txt"
+    f.write_text("# our boxes\ngpu1:2\n\ngpu2   # one rank\n")
+    given = requested(parse(f"--hostfile {f}"))
+    assert (given["n"], given["launcher"]) == (3, "ssh")
+    with pytest.raises(ValueError, match=r"--hostfile .*nope.txt: No such file"):
+        requested(parse(f"--hostfile {tmp_path / 'nope.txt'}"))
+
+
+@pytest.mark.parametrize("config, says", [
+    (dict(n=2, hosts="a:1", slurm=""), "Give one of --hosts and --slurm"),
+    (dict(n=4, hosts="a:1,b:1", launcher="ssh"), "has room for 2 rank(s), but -n 4 asks for 4"),
+    (dict(n=2, hosts="a:1,b:1"), "--hosts starts the ranks with --launcher ssh"),
+    (dict(n=2, launcher="ssh"), "--launcher ssh needs the hosts"),
+    (dict(n=2, nodes=2), "-N/--nodes is the node count of a Slurm job step"),
+    (dict(n=2, slurm="", launcher="slurm", nodes=3), "-N 3: give 1 to 2 nodes for -n 2"),
+    (dict(n=2, ip="10.0.0.1"), "--ip/--iface choose the network between hosts"),
+    (dict(n=2, hosts="a:2", launcher="ssh", ip="gpu1"), "--ip 'gpu1' is not an IP address"),
+    (dict(n=2, hosts="a:x", launcher="ssh"), "'a:x' is not host or host:N"),
+])
+def test_multi_node_options_are_checked_with_the_fix(config, says):
+    with pytest.raises(ValueError) as err:
+        ClusterConfig(**config).check()
+    assert says in str(err.value)
+
+
+def test_profiles_give_cluster_options_and_the_cell_wins(tmp_path, monkeypatch):
+    from jdist.options import load_profile
+
+    path = tmp_path / "jdist" / "clusters.toml"
+    path.parent.mkdir()
+    path.write_text('[boxes]\nhosts = "gpu1:4,gpu2:4"\niface = "ib0"\ntimeout = 120.0\n\n[bad]\nhostz = "x"\n')
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
+    assert load_profile("boxes") == {"hosts": "gpu1:4,gpu2:4", "iface": "ib0", "timeout": 120.0}
+    given = requested(parse("--cluster boxes --timeout 30 -n 6"))
+    assert (given["hosts"], given["iface"], given["timeout"], given["n"], given["launcher"]) == \
+        ("gpu1:4,gpu2:4", "ib0", 30.0, 6, "ssh")
+    with pytest.raises(ValueError, match=r"--cluster nope: no \[nope\] in .*clusters.toml; it has: boxes, bad"):
+        load_profile("nope")
+    with pytest.raises(ValueError, match=r"'hostz' in .* is not a cluster option; use: .*hosts"):
+        load_profile("bad")
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"no profiles file .*clusters.toml; create it with a \[boxes\] table"):
+        load_profile("boxes")

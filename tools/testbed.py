@@ -264,8 +264,21 @@ def _init(node: str, state: Path) -> None:
         subprocess.run(list(argv), check=True)
 
     sh("hostname", node)
-    sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
     sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+    # a private /tmp, but what the nodes share stays visible: the project (its .venv) and the bed's
+    # state may live under /tmp (a CI clone): bind them back over the new /tmp
+    keep = sorted({p for p in (Path(__file__).resolve().parent.parent, state, Path(sys.prefix).resolve())
+                   if p.is_relative_to("/tmp")})
+    keep = [p for p in keep if not any(p != q and p.is_relative_to(q) for q in keep)]
+    if keep:
+        os.makedirs("/run/host-tmp")
+        sh("mount", "--bind", "/tmp", "/run/host-tmp")
+    sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+    for path in keep:
+        os.makedirs(path, exist_ok=True)
+        sh("mount", "--bind", str(Path("/run/host-tmp") / path.relative_to("/tmp")), str(path))
+    if keep:
+        sh("umount", "-l", "/run/host-tmp")  # the rest of the machine's /tmp stays out of sight
     sh("mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")  # MPI's segments: per host, as on machines
     os.makedirs("/run/sshd", mode=0o755)
     boot_id = Path("/run/boot_id")

@@ -86,6 +86,8 @@ def main(argv: list[str]) -> int:
     path = Path(argv[0])
     try:
         owner = json.loads(path.read_text())["owner"]
+    except FileNotFoundError:
+        return 0  # the cluster was stopped already
     except (OSError, ValueError, KeyError):
         return 1
     try:

@@ -1,0 +1,97 @@
+"""The remote launchers' parts that need no second host (jdist.kernel.launch.remote): the shell
+around each engine, deaths read from the launcher's output, and the checks before anything starts.
+The launchers themselves, on two hosts with real ssh and Slurm: tests/test_multinode.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from jdist.errors import ClusterError
+from jdist.kernel.launch.remote import REMOTE_WRAPPER, SlurmLauncher, SSHLauncher
+from jdist.options import ClusterConfig
+
+
+def wrapped(tmp_path: Path, code: str, rank: int = 3) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": str(rank), "TMPDIR": str(tmp_path)}
+    return subprocess.run(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
+                          capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_the_shell_reports_the_exit_status_and_removes_the_noted_segments_after_a_sigkill(tmp_path):
+    segment = tmp_path / "mpich_shm_test_0"
+    segment.write_text("x")
+    code = ("import os, signal; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
+            "os.kill(os.getpid(), signal.SIGKILL)" % str(segment))
+    out = wrapped(tmp_path, code)
+    assert out.returncode == 137
+    assert out.stdout.strip().splitlines()[-1] == "jdist-rank-exit 3 137"
+    assert not segment.exists() and not list(tmp_path.glob("jdist-shm-*"))
+
+
+def test_the_shell_reports_a_normal_exit(tmp_path):
+    out = wrapped(tmp_path, "raise SystemExit(3)", rank=0)
+    assert out.returncode == 3 and "jdist-rank-exit 0 3" in out.stdout
+
+
+def launcher_with_output(tmp_path: Path, text: bytes) -> tuple[SSHLauncher, subprocess.Popen]:
+    config = ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh")
+    launcher = SSHLauncher(config, tmp_path)
+    out = tmp_path / "launcher.out"
+    out.write_bytes(text)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    engine_set = SimpleNamespace(output_file=str(out), process=psutil.Process(proc.pid), state="running",
+                                 signal=lambda sig: proc.send_signal(sig))
+    launcher.ipp = SimpleNamespace(engines={"x": engine_set})
+    launcher.watch([{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}])  # type: ignore[list-item]
+    return launcher, proc
+
+
+def test_deaths_come_from_exit_lines_then_from_the_launcher_ending(tmp_path):
+    launcher, proc = launcher_with_output(tmp_path, b"hello from rank 0\njdist-rank-exit 1 137\njdist-rank-exit 0 1")
+    try:
+        assert launcher.deaths() == [1]  # rank 0's line is not complete yet
+        with open(tmp_path / "launcher.out", "ab") as f:
+            f.write(b"43\n")
+        assert launcher.deaths() == [1, 0]
+        report = launcher.death([1], wait=0.2)  # the launcher still runs: it is told to end the job
+        assert report.rank == 1 and report.cause == "killed by SIGKILL (kill -9, or the out-of-memory killer) on host b"
+        proc.wait(5)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_launcher_that_ended_means_every_rank_ended(tmp_path):
+    launcher, proc = launcher_with_output(tmp_path, b"")
+    proc.kill()
+    proc.wait()
+    assert launcher.deaths() == [0, 1]
+    assert "went away" in launcher.death([0], wait=0.1).cause
+
+
+def test_no_slurm_is_one_line_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    launcher = SlurmLauncher(ClusterConfig(n=2, slurm="", launcher="slurm"), tmp_path)
+    with pytest.raises(ClusterError, match=r"--slurm: srun is not on PATH here; run the kernel on a Slurm login node"):
+        launcher.probe()
+
+
+@pytest.mark.parametrize("extra, says", [
+    (dict(ip="198.18.99.99"), "--ip 198.18.99.99 is not an address of this machine"),
+    (dict(iface="nosuch0"), "--iface nosuch0: no such interface"),
+])
+def test_the_address_options_are_checked_against_this_machine(tmp_path, extra, says):
+    launcher = SSHLauncher(ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh", **extra), tmp_path)
+    with pytest.raises(ClusterError, match=says):
+        launcher.choose_address()
+
+
+def test_a_host_on_this_machine_needs_no_ssh(tmp_path):
+    launcher = SSHLauncher(ClusterConfig(n=2, hosts="localhost:2", launcher="ssh"), tmp_path)
+    assert launcher.choose_address() == "127.0.0.1" and not launcher.spans_other_hosts()
