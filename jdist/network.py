@@ -64,4 +64,5 @@ def interfaces() -> list[str]:
     """The names of this machine's interfaces that have an IPv4 address."""
     import psutil
 
-    return sorted(name for name, addrs in psutil.net_if_addrs().items() if any(a.family == socket.AF_INET for a in addrs))
+    return sorted(name for name, addrs in psutil.net_if_addrs().items()
+                  if any(a.family == socket.AF_INET for a in addrs))

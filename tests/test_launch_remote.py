@@ -95,3 +95,35 @@ def test_the_address_options_are_checked_against_this_machine(tmp_path, extra, s
 def test_a_host_on_this_machine_needs_no_ssh(tmp_path):
     launcher = SSHLauncher(ClusterConfig(n=2, hosts="localhost:2", launcher="ssh"), tmp_path)
     assert launcher.choose_address() == "127.0.0.1" and not launcher.spans_other_hosts()
+
+
+def answers(**hosts: str):
+    """What each host's check prints (the hosts and their GPUs cannot exist here: stand-ins)."""
+    def run(host: str, argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 0, stdout=hosts[host], stderr="")
+    return run
+
+
+def test_host_checks_name_each_problem_in_one_line(tmp_path):
+    launcher = SSHLauncher(ClusterConfig(n=4, gpus=True, hosts="a:2,b:2", launcher="ssh"), tmp_path)
+    ok = "missing=\nshared=True\ngpus=2\n"
+    launcher.check_hosts(["a", "b"], answers(a=ok, b=ok), {"a": 2, "b": 2})
+    with pytest.raises(ClusterError) as err:
+        launcher.check_hosts(["a", "b"], answers(a="missing=\nshared=True\ngpus=1\n",
+                                                 b="missing=mpi4py\nshared=True\n"), {"a": 2, "b": 2})
+    text = str(err.value)
+    assert "host a has 1 visible CUDA GPU(s) for its 2 rank(s) of --gpus" in text
+    assert "host b: " in text and "lacks mpi4py" in text and "\n" not in text
+    with pytest.raises(ClusterError, match="host b does not see .*: the hosts must share the home"):
+        launcher.check_hosts(["b"], answers(b="missing=\nshared=False\ngpus=2\n"), {"b": 2})
+
+
+def test_a_host_without_this_python_is_named_with_the_fix(tmp_path):
+    launcher = SSHLauncher(ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh"), tmp_path)
+
+    def run(host: str, argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 127, stdout="", stderr=f"sh: 1: {argv[0]}: not found\n")
+
+    with pytest.raises(ClusterError, match=rf"host a has no {sys.executable}: install the same environment at the "
+                                           r"same path on every host"):
+        launcher.check_hosts(["a"], run)

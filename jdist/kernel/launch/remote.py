@@ -290,9 +290,10 @@ class RemoteMPILauncher(RankLauncher):
         return []
 
     # -- probing hosts ------------------------------------------------------------------------
-    def check_hosts(self, hosts: Sequence[str], run: Any) -> None:
-        """Every host runs this Python with jdist, ipyparallel and mpi4py, and sees the profile
-        folder (a shared filesystem); ``run(host, argv)`` runs a command there. One line per problem."""
+    def check_hosts(self, hosts: Sequence[str], run: Any, ranks: dict[str, int] | None = None) -> None:
+        """Every host runs this Python with jdist, ipyparallel and mpi4py, sees the profile folder
+        (a shared filesystem) and, with ``--gpus``, has a GPU for each of its ``ranks``;
+        ``run(host, argv)`` runs a command there. One line per problem."""
         profile = Path(os.environ.get("IPYTHONDIR") or Path.home() / ".ipython")
         script = ("import sys, os, importlib.util as u; "
                   "missing = [m for m in ('jdist', 'ipyparallel', 'mpi4py', 'torch') if u.find_spec(m) is None]; "
@@ -321,6 +322,10 @@ class RemoteMPILauncher(RankLauncher):
             if values.get("shared") != "True":
                 return (f"host {host} does not see {profile}: the hosts must share the home (or IPYTHONDIR) "
                         "with this machine, where the controller's connection file is")
+            want = (ranks or {}).get(host, 0)
+            if self.config.gpus and want and int(values.get("gpus", "0") or 0) < want:
+                return (f"host {host} has {values.get('gpus', '0')} visible CUDA GPU(s) for its {want} rank(s) of "
+                        f"--gpus: give it fewer ranks (host:N), or use -n for CPU ranks")
             return None
 
         with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
@@ -374,7 +379,6 @@ class SSHLauncher(RemoteMPILauncher):
         if shutil.which("ssh") is None:
             raise ClusterError("--hosts starts ranks over ssh, and no ssh client is installed here.")
         self._address = self.choose_address()
-        names = [h for h, _ in self.hosts()]
 
         def run(host: str, argv: list[str]) -> subprocess.CompletedProcess:
             return subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(PROBE_TIMEOUT_S)}",
@@ -394,7 +398,10 @@ class SSHLauncher(RemoteMPILauncher):
                                "without a password (keys), and its host key")
             return proc
 
-        self.check_hosts(list(dict.fromkeys(names)), reach)
+        per_host: dict[str, int] = {}
+        for host, count in self.hosts():
+            per_host[host] = per_host.get(host, 0) + count
+        self.check_hosts(list(per_host), reach, per_host)
 
     def mpi_cmd(self) -> list[str]:
         hydra = str(Path(mpiexec_path()).with_name("mpiexec.hydra"))
@@ -429,7 +436,8 @@ class SlurmLauncher(RemoteMPILauncher):
                                    "(or load the Slurm module), or use --hosts.")
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         if ping.returncode != 0 or "UP" not in ping.stdout:
-            raise ClusterError(f"--slurm: the Slurm controller does not answer ({(ping.stdout + ping.stderr).strip()}).")
+            said = (ping.stdout + ping.stderr).strip()
+            raise ClusterError(f"--slurm: the Slurm controller does not answer ({said}).")
         self._address = self.choose_address()
 
     def first_host(self) -> str | None:
