@@ -271,6 +271,7 @@ class RunMeta(TypedDict):
     error: str | None
     records: int
     cluster_id: str | None
+    hosts: dict[str, str]  # rank (as a JSON key) -> host, when the ranks ran on several hosts
 
 
 # -- server -> browser (REST; mirrored in labextension/src/protocol.ts) --------------------------

@@ -127,3 +127,31 @@ def test_a_host_without_this_python_is_named_with_the_fix(tmp_path):
     with pytest.raises(ClusterError, match=rf"host a has no {sys.executable}: install the same environment at the "
                                            r"same path on every host"):
         launcher.check_hosts(["a"], run)
+
+
+def test_segments_are_removed_when_the_launcher_kills_the_whole_process_group(tmp_path):
+    # hydra ends the survivors of a dead rank with SIGKILL to their process group, shell included
+    import os
+    import signal
+    import time
+
+    segment = tmp_path / "mpich_shm_test_1"
+    segment.write_text("x")
+    code = ("import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
+            "print('noted', flush=True); time.sleep(60)" % str(segment))
+    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "noted"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        deadline = time.monotonic() + 5
+        while segment.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not segment.exists()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -143,6 +143,13 @@ def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
     where = check_training(login, 2)
     assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node2", 0)]
     assert {iface for *_, iface in where} == {"jdtb1", "jdtb2"}  # never lo between hosts
+    # the dashboard's per-rank panels and the run log name each rank's host
+    assert login.value("jdist.last_run().hosts") == {0: "node1", 1: "node2"}
+    bars = login.value("[p['categories'] for p in __import__('jdist.metrics.panels', fromlist=['p'])"
+                       ".panels(jdist.last_run()) if p['kind'] == 'bars']")
+    assert bars and all(b == ["rank 0 node1", "rank 1 node2"] for b in bars), bars
+    run_dir = Path(login.value("str(jdist.last_run().path)"))
+    assert '"hosts": {\n  "0": "node1"' in (run_dir / "meta.json").read_text()
     status = strip_ansi(login.run("%dist status").stdout)
     assert re.search(r"node1", status) and re.search(r"node2", status), status
     t0 = time.perf_counter()
@@ -193,7 +200,8 @@ def test_a_killed_remote_rank_is_detected_and_named(bed, login):
     wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
              what="no engine left")
     # the killed rank's MPI shared memory too (the shell around it removes what it noted)
-    wait_for(lambda: not any(shm_on(bed, node) for node in bed.nodes), timeout=5, what="no MPI segment left")
+    wait_for(lambda: not any(shm_on(bed, node) for node in bed.nodes), timeout=5,
+             what=f"no MPI segment left ({[shm_on(bed, node) for node in bed.nodes]} at first)")
 
 
 def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
@@ -203,7 +211,8 @@ def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
 
 
 def _hang_and_stacks(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\nimport torch.distributed as dist")
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\n"
+              "import torch.distributed as dist")
     out = login.run("%%distributed --watchdog 3\nx = torch.ones(1)\nif rank == 1:\n    dist.all_reduce(x)",
                     allow_error=True, timeout=120)
     tb = strip_ansi(out.traceback)
@@ -220,8 +229,8 @@ def test_a_hang_across_hosts_names_each_rank_and_stacks_come_over_the_network(be
 
 
 def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\nimport torch.distributed as dist\n"
-              "counter = 0")
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\n"
+              "import torch.distributed as dist\ncounter = 0")
     msg = login.start("%%distributed --output all\nif rank == 1:\n    dist.all_reduce(torch.ones(1))\n"
                       "while True:\n    counter += 1\n    if counter == 20: print('looping', flush=True)\n"
                       "    time.sleep(0.01)")
@@ -255,7 +264,8 @@ def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
             name = launcher[0]
         elif m and name.startswith("python"):
             cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
-            name = "controller" if "ipyparallel.controller" in cmd else "rank" if "ipyparallel.engine" in cmd else cmd[:60]
+            name = ("controller" if "ipyparallel.controller" in cmd else "rank" if "ipyparallel.engine" in cmd
+                    else cmd[:60])
         rows.append((parts[3], name))
     return rows
 
@@ -329,7 +339,8 @@ def test_restart_and_auto_restart_with_remote_ranks(bed, login):
     login.run("%dist pull base")
     assert login.value("base") == [41, 41]
     login.run("%dist restart")  # replays the set-up cell on new ranks, on both hosts again
-    login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\nhosts = [r['host'] for r in _c.current().ranks]")
+    login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\n"
+              "hosts = [r['host'] for r in _c.current().ranks]")
     assert login.value("base") == [41, 41] and login.value("hosts") == ["node1", "node2"]
     login.run("%%distributed\npid = os.getpid()")
     login.run("%dist pull pid")
@@ -349,8 +360,43 @@ def test_encrypted_controller_traffic(bed, login):
               "dist.barrier()\nhost = __import__('socket').gethostname()")
     login.run("%dist pull host")
     assert login.value("host") == ["node1", "node2"]
-    security = Path(login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")) / "security"
+    profile = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")
+    security = Path(profile) / "security"
     info = [p for p in security.glob("ipcontroller-jdist-*-engine.json")]
     assert info and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
                         for p in info), [p.read_text() for p in info]
+    login.run("%dist stop")
+
+
+def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch\nimport torch.distributed as dist\n"
+              "model = jdist.prepare(torch.nn.Linear(2, 1))")
+    out = login.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard on node2')\n"
+                    "dist.all_reduce(torch.ones(1))", allow_error=True, timeout=120)
+    tb = strip_ansi(out.traceback)
+    assert out.error["ename"] == "RankError" and "raise ValueError('bad shard on node2')" in tb, tb
+    assert "rank 0: released because rank 1 failed (it was waiting in all_reduce (cell line 3))" in tb, tb
+    assert "process group was re-created on all ranks" in tb, tb
+    login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
+    login.run("%dist stop")
+
+
+def test_the_session_key_is_never_on_a_command_line_or_in_a_launchers_environment(bed, login):
+    import json
+
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nx = 1")
+    profile = Path(login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir"))
+    files = list((profile / "security").glob("ipcontroller-jdist-*-engine.json"))
+    assert files and oct(files[0].stat().st_mode & 0o777) == "0o600"
+    key = json.loads(files[0].read_text())["key"]
+    assert len(key) > 16
+    seen = 0
+    for node in bed.nodes:
+        pids = on_node(bed, node, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+                                  "grep -qE 'ipyparallel|hydra|mpiexec|srun' && basename $p; done; true").split()
+        for pid in pids:
+            text = on_node(bed, node, f"cat /proc/{pid}/cmdline /proc/{pid}/environ 2>/dev/null | tr '\\0' ' '")
+            seen += bool(text)
+            assert key not in text and "IPP_CONNECTION_INFO" not in text, (node, pid, text[:300])
+    assert seen >= 4  # the controller, hydra and both ranks were looked at
     login.run("%dist stop")

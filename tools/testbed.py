@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 NODES = {"node1": "198.18.0.1", "node2": "198.18.0.2"}
-NETNS = "jdist-tb-{node}"
+NETNS = "jdist-tb{tag}-{node}"  # tag: from the state folder, so beds of two checkouts never clash
 VETH = "jdtb{index}"
 CPUS_PER_NODE = 2
 DAEMONS = ("/usr/sbin/sshd", "/usr/sbin/slurmd", "/usr/sbin/slurmctld", "/usr/sbin/munged", "/usr/bin/srun",
@@ -86,6 +86,12 @@ class Testbed:
         self.nodes = dict(NODES)
 
     # -- paths -----------------------------------------------------------------------------
+    def netns(self, node: str) -> str:
+        """The network namespace of ``node`` (named after this bed's state folder)."""
+        import hashlib
+
+        return NETNS.format(tag=hashlib.sha1(str(self.state).encode()).hexdigest()[:6], node=node)
+
     @property
     def info_file(self) -> Path:
         return self.state / "nodes.json"
@@ -117,14 +123,14 @@ class Testbed:
         self.down()
         t0 = time.monotonic()
         self._write_config()
-        for index, node in enumerate(self.nodes, start=1):
-            _sh("ip", "netns", "add", NETNS.format(node=node))
-        ns1, ns2 = (NETNS.format(node=node) for node in self.nodes)
+        for node in self.nodes:
+            _sh("ip", "netns", "add", self.netns(node))
+        ns1, ns2 = (self.netns(node) for node in self.nodes)
         _sh("ip", "link", "add", VETH.format(index=1), "netns", ns1, "type", "veth",
             "peer", "name", VETH.format(index=2), "netns", ns2)
         pids = {}
         for index, (node, addr) in enumerate(self.nodes.items(), start=1):
-            ns = NETNS.format(node=node)
+            ns = self.netns(node)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", VETH.format(index=index))
             _sh("ip", "-n", ns, "link", "set", VETH.format(index=index), "up")
@@ -184,7 +190,7 @@ class Testbed:
                     pass
             self.info_file.unlink()
         for node in self.nodes:
-            ns = NETNS.format(node=node)
+            ns = self.netns(node)
             if Path(f"/run/netns/{ns}").exists():
                 _sh("ip", "netns", "del", ns, check=False)
         for sub in ("run", "slurm", "munge"):

@@ -251,6 +251,18 @@ def _ranks(run: Run) -> list[int]:
     return sorted(set(range(run.world_size)) | set(run.ranks))
 
 
+def rank_label(run: Run, rank: int) -> str:
+    """A rank as the bar panels name it: with its host when the ranks run on several.
+
+    >>> rank_label(Run("x", 2, records=[], hosts={0: "gpu1", 1: "gpu2"}), 1)
+    'rank 1 gpu2'
+    >>> rank_label(Run("x", 2, records=[]), 1)
+    'rank 1'
+    """
+    host = run.hosts.get(rank)
+    return f"rank {rank} {host}" if host else f"rank {rank}"
+
+
 def _mib(value: Any) -> float | None:
     return value / _MIB if isinstance(value, (int, float)) and math.isfinite(value) else None
 
@@ -277,7 +289,7 @@ def time_panel(run: Run) -> BarPanel:
         else:
             compute.append(None)
     return BarPanel(key="time", kind="bars", title=TIME_TITLE, unit="s", stacked=True,
-                    categories=[f"rank {r}" for r in ranks], series=[
+                    categories=[rank_label(run, r) for r in ranks], series=[
                         BarSeries(name="compute", color=BLUE, values=finite(compute), labels=False),
                         BarSeries(name="communication", color=ORANGE, values=finite([comm_t.get(r) for r in ranks]),
                                   labels=False),
@@ -290,7 +302,7 @@ def memory_panel(run: Run) -> BarPanel:
     latest = [run.latest(r) or {} for r in ranks]
     title = "GPU memory (MiB)" if run.device_kind == "cuda" else "host memory RSS (MiB)"
     return BarPanel(key="memory", kind="bars", title=title, unit="MiB", stacked=False,
-                    categories=[f"rank {r}" for r in ranks], series=[
+                    categories=[rank_label(run, r) for r in ranks], series=[
                         BarSeries(name="current", color=BLUE, values=[_mib(rec.get("mem_bytes")) for rec in latest],
                                   labels=False),
                         BarSeries(name="peak", color=ORANGE, values=[_mib(rec.get("mem_peak_bytes")) for rec in latest],

@@ -89,6 +89,8 @@ class Run:
     error: str | None = None
     path: Path | None = None
     cluster_id: str | None = None  # the ipyparallel cluster that ran it (links runs to clusters)
+    #: rank -> host, when the ranks ran on several hosts (empty on one: the panels then leave it out)
+    hosts: dict[int, str] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     #: (rank, cell) -> the lowest seq not seen yet (every lower one was), and seqs above it seen early:
     #: O(1) per record and no memory per record, where a set of every (rank, cell, seq) grew with the run
@@ -309,6 +311,7 @@ class Run:
             error=self.error,
             records=len(self.records),
             cluster_id=self.cluster_id,
+            hosts={str(r): h for r, h in sorted(self.hosts.items())},
         )
 
     def to_tensorboard(self, logdir: str | Path) -> Path:

@@ -112,6 +112,7 @@ class RunReader:
                 status=meta.get("status", "unknown"),
                 error=meta.get("error"),
                 cluster_id=meta.get("cluster_id"),
+                hosts={int(r): h for r, h in (meta.get("hosts") or {}).items()},
             )
             if self.run is None:
                 self.run = Run(run_id=meta["run_id"], world_size=meta["world_size"], path=self.path, **fields)

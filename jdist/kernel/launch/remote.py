@@ -54,16 +54,21 @@ from .local_mpi import ENGINE_MODULE, _cause, _engine_set_launcher, mpiexec_path
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
-#: The rank notes its MPI shared-memory segments in ``$JDIST_SHM_NOTE`` (a file of its host); the
-#: shell removes them after the engine ended, however it ended (SIGKILL included): a leftover
-#: segment with the name a later job picks makes that job fail in ``MPI_Init``.
+#: The rank notes its MPI shared-memory segments in ``$JDIST_SHM_NOTE`` (a file of its host); they
+#: are removed after the engine ended, however it ended: a leftover segment with the name a later
+#: job picks makes that job fail in ``MPI_Init``. hydra ends the survivors of a dead rank by
+#: killing their whole process group (this shell too), so a watcher in a session of its own
+#: removes them (it ends with the engine, within 0.2 s).
+SHM_CLEANUP = ('if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
+               'rm -f "$JDIST_SHM_NOTE"; fi')
 REMOTE_WRAPPER = (
     'JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; '
     '"$@" & child=$!; '
+    "setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
+    + "' jdist-shm-watch $child </dev/null >/dev/null 2>&1 & "
     "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
     "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
-    'if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
-    'rm -f "$JDIST_SHM_NOTE"; fi; '
+    + SHM_CLEANUP + "; "
     'echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code'
 )
 EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)

@@ -37,9 +37,11 @@ class RecordCollector:
     def _ensure_run(self) -> Run:
         if self.run is None:
             cfg = self.cluster.config
+            hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
             self.run = Run(run_id=new_run_id(), world_size=cfg.n, backend=cfg.backend,
                            device_kind="cuda" if cfg.gpus else "cpu", code=self.code,
-                           cluster_id=self.cluster.cluster_id)
+                           cluster_id=self.cluster.cluster_id,
+                           hosts=hosts if len(set(hosts.values())) > 1 else {})
             self.sinks = self.make_sinks(self.run)
             for sink in self.sinks:
                 sink.start(self.run)
