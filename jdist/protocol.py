@@ -45,6 +45,19 @@ from typing import Any, Literal, TypedDict, Union
 PROTOCOL_VERSION = 3
 #: Key under which data messages travel in ipyparallel's ``data_pub``.
 DATA_KEY = "jdist"
+#: Key under which a remote rank's guard sends its sample (:class:`jdist.stacks.Sample` text) to
+#: the kernel, as an IOPub data message whose parent id is :func:`sample_parent_id` (no request of
+#: the client: ipyparallel files it apart from every request).
+SAMPLE_KEY = "jdist-sample"
+
+
+def sample_parent_id(rank: int) -> str:
+    """The IOPub parent id under which rank ``rank`` sends its samples.
+
+    >>> sample_parent_id(3)
+    'jdist-sample-3'
+    """
+    return f"jdist-sample-{rank}"
 
 
 def encode_data(message: Any) -> bytes:

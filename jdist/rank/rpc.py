@@ -147,20 +147,20 @@ def _socket_interface(master_addr: str, iface: str | None, rank: int, hostname: 
 
 def _sample_sender(data_pub: Any, rank: int) -> Any:
     """How a remote rank's guard sends a sample to the kernel: an IOPub data message whose parent
-    is :func:`jdist.kernel.launch.remote.sample_parent_id` in the session of the kernel's client
-    (taken from this set-up request), so ipyparallel files it apart from every request."""
+    is :func:`jdist.protocol.sample_parent_id` in the session of the kernel's client (taken from
+    this set-up request), so ipyparallel files it apart from every request."""
     if data_pub is None:
         return None
-    from jdist.protocol import encode_data
+    from jdist.protocol import SAMPLE_KEY, encode_data, sample_parent_id
 
     parent = dict(data_pub.parent_header or {})
-    parent["msg_id"] = f"jdist-sample-{rank}"
+    parent["msg_id"] = sample_parent_id(rank)
     session, socket_ = data_pub.session, data_pub.pub_socket
 
     def send(text: str) -> None:
         from ipyparallel.serialize import serialize_object
 
-        data = {"jdist-sample": encode_data(text)}
+        data = {SAMPLE_KEY: encode_data(text)}
         session.send(socket_, "data_message", content={"keys": list(data)}, parent=parent,
                      buffers=serialize_object(data), ident=data_pub.topic)
 

@@ -10,7 +10,7 @@ kernel's host may run none of the ranks, so nothing here uses a PID of a rank:
   hydra ends the job when one rank dies; srun does with ``--kill-on-bad-exit``.
 * **Stacks and samples:** the signal goes through ipyparallel's signed control channel
   (``Client.send_signal``); the rank's guard thread reads its main thread's stack and sends
-  it back as an IOPub data message (:data:`SAMPLE_KEY`).
+  it back as an IOPub data message (:data:`jdist.protocol.SAMPLE_KEY`).
 * **Nothing left behind:** a reaper process on this host (:mod:`jdist.kernel.reaper`) ends the
   controller, the launcher and the Slurm job step if the kernel dies without stopping them;
   engines exit by themselves once the controller's heartbeat is gone
@@ -46,7 +46,7 @@ from jdist.network import (
 )
 from jdist.options import parse_hosts, read_hostfile
 from jdist.procs import popen_alive
-from jdist.protocol import RankInfo
+from jdist.protocol import SAMPLE_KEY, RankInfo, sample_parent_id
 from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
 
 from .api import RankDeath, RankLauncher
@@ -75,16 +75,8 @@ EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
 #: A remote engine ends itself after this many missed controller heartbeats (each check waits the
 #: controller's period + 0.5 s: 10 x 0.7 s = 7 s after the controller is gone, while it is idle).
 ENGINE_HEARTBEAT_MISSES = 10
-#: The key of a rank's sample in its IOPub data message; the message's parent id is
-#: :func:`sample_parent_id` (not a request of the client: ipyparallel keeps it apart).
-SAMPLE_KEY = "jdist-sample"
 #: How long a host check (ssh + python) may take.
 PROBE_TIMEOUT_S = 20.0
-
-
-def sample_parent_id(rank: int) -> str:
-    """The IOPub parent id under which rank ``rank`` sends its samples to the kernel's client."""
-    return f"jdist-sample-{rank}"
 
 
 class RemoteMPILauncher(RankLauncher):
