@@ -47,7 +47,7 @@ def bed():
 class NodeKernel(KernelSession):
     """A Jupyter kernel started on a node of the bed (nsenter), reached over ipc sockets."""
 
-    def __init__(self, bed: Any, node: str, name: str):
+    def __init__(self, bed: Any, node: str, name: str, prefix: tuple[str, ...] = ()):
         from jupyter_client.manager import KernelManager
 
         self.bed = bed
@@ -61,7 +61,7 @@ class NodeKernel(KernelSession):
 
         class OnNode(KernelManager):
             def format_kernel_cmd(self, extra_arguments: Any = None) -> list[str]:
-                return bed.command(node, super().format_kernel_cmd(extra_arguments), cwd=str(ROOT))
+                return bed.command(node, [*prefix, *super().format_kernel_cmd(extra_arguments)], cwd=str(ROOT))
 
         km = OnNode(kernel_name="python3", transport="ipc", ip=str(base / "runtime" / "kernel-ipc"),
                     connection_file=str(base / "runtime" / "kernel.json"))
@@ -400,3 +400,24 @@ def test_the_session_key_is_never_on_a_command_line_or_in_a_launchers_environmen
             assert key not in text and "IPP_CONNECTION_INFO" not in text, (node, pid, text[:300])
     assert seen >= 4  # the controller, hydra and both ranks were looked at
     login.run("%dist stop")
+
+
+def test_slurm_inside_an_allocation_is_a_job_step_of_it(bed):
+    # the kernel runs under salloc, as in a JupyterHub/batch session on an HPC centre
+    k = NodeKernel(bed, "node1", "allocation", prefix=("salloc", "-N", "2", "-n", "2", "--quiet"))
+    try:
+        k.run("%load_ext jdist\nimport os")
+        job = k.value("os.environ['SLURM_JOB_ID']")
+        k.run("%%distributed --slurm -n 2 --timeout 30\nimport os\n" + TRAIN, timeout=240)
+        where = check_training(k, 2)
+        assert [(r, h) for r, h, *_ in where] == [(0, "node1"), (1, "node2")]
+        step = k.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ranks[0]['slurm_step']")
+        assert step.startswith(f"{job}.")
+        k.run("%dist stop")
+        wait_for(lambda: step not in on_node(bed, "node1", f"squeue -h -s -j {job} -o %i").split(), timeout=15,
+                 what="the job step ended")
+        assert on_node(bed, "node1", f"squeue -h -j {job} -o %T").strip() == "RUNNING"  # the allocation stays
+    finally:
+        k.run("%dist stop", allow_error=True)
+        k.shutdown()
+    wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=20, what="the allocation released")

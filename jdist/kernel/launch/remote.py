@@ -437,12 +437,24 @@ class SlurmLauncher(RemoteMPILauncher):
             raise ClusterError(f"--slurm: the Slurm controller does not answer ({said}).")
         self._address = self.choose_address()
 
-    def first_host(self) -> str | None:
+    def allocated_nodes(self) -> list[str]:
+        """The nodes of the allocation the kernel runs in ([] outside one)."""
         nodelist = os.environ.get("SLURM_JOB_NODELIST")
-        if nodelist:
-            names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
-            if names.returncode == 0 and names.stdout.split():
-                return names.stdout.split()[0]
+        if not nodelist:
+            return []
+        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               timeout=PROBE_TIMEOUT_S)
+        return names.stdout.split() if names.returncode == 0 else []
+
+    def spans_other_hosts(self) -> bool:
+        nodes = self.allocated_nodes()
+        return not nodes or any(not _is_this_host(n) for n in nodes)
+
+    def first_host(self) -> str | None:
+        """Inside an allocation: its first node that is not this one; outside: the Slurm controller's host."""
+        nodes = self.allocated_nodes()
+        if nodes:
+            return next((n for n in nodes if not _is_this_host(n)), nodes[0])
         conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
         m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", conf.stdout, re.M)
         return (m.group(2) or m.group(1)) if m else None
