@@ -77,7 +77,9 @@ class Guard:
         ``stacks_dir``: the folder (on this host) for stack dumps and samples; ``report``: send
         each sample's text there instead (ranks on another host than the kernel's)."""
         self.report = report
-        if report is not None and signal.getsignal(SAMPLE_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN):
+        if (stacks_dir or report) and signal.getsignal(SAMPLE_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN):
+            # a Python-level handler makes the signal reach the wakeup fd, so the guard's
+            # thread sees it; the default action would end the process
             signal.signal(SAMPLE_SIGNAL, _ignore)
         if stacks_dir:
             path = Path(stacks_dir) / f"rank-{rank}.txt"
@@ -88,10 +90,6 @@ class Guard:
             self.stacks_file = os.fdopen(fd, "a")
             faulthandler.register(STACKS_SIGNAL, file=self.stacks_file, all_threads=True, chain=False)
             self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
-            if signal.getsignal(SAMPLE_SIGNAL) in (signal.SIG_DFL, signal.SIG_IGN):
-                # a Python-level handler makes the signal reach the wakeup fd, so the guard's
-                # thread sees it; the default action would end the process
-                signal.signal(SAMPLE_SIGNAL, _ignore)
         _watch_signals()
 
     def note_group_sockets(self, before: set[int]) -> None:

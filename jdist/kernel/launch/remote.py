@@ -23,6 +23,7 @@ that hydra or srun copy over the network.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -158,8 +159,9 @@ class RemoteMPILauncher(RankLauncher):
             f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}", "--log-level=ERROR",
         ]
 
-    def output_bytes(self) -> bytes:
-        """What the launcher printed so far (ranks' stdout/stderr, hydra's or srun's messages)."""
+    def output(self) -> str:
+        """What the launcher printed so far (ranks' stdout/stderr, hydra's or srun's messages), read
+        from its output file every time (ipyparallel's ``get_output`` keeps its first reading)."""
         out = b""
         for launcher in self.engine_launchers():
             path = getattr(launcher, "output_file", None)
@@ -168,15 +170,15 @@ class RemoteMPILauncher(RankLauncher):
                     out += Path(path).read_bytes()
                 except OSError:
                     pass
-        return out
+        return out.decode("utf-8", "replace")
 
     def exited_early(self) -> str | None:
         for launcher in self.engine_launchers():
             if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
                 deadline = time.monotonic() + 1.0  # ipyparallel writes what it printed last a moment later
-                while not self.output_bytes().strip() and time.monotonic() < deadline:
+                while not self.output().strip() and time.monotonic() < deadline:
                     time.sleep(0.05)
-                return self.output_bytes().decode("utf-8", "replace").strip()[-3000:] or "(no output)"
+                return self.output().strip()[-3000:] or "(no output)"
         return None
 
     # -- while the ranks run ----------------------------------------------------------------
@@ -236,7 +238,7 @@ class RemoteMPILauncher(RankLauncher):
             cause = "the rank's process or its host went away (no exit status came back)"
         if host:
             cause += f" on host {host}"
-        text = self.output_bytes().decode("utf-8", "replace").strip()
+        text = self.output().strip()
         return RankDeath(first, cause, text[-2000:])
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
@@ -437,6 +439,7 @@ class SlurmLauncher(RemoteMPILauncher):
             raise ClusterError(f"--slurm: the Slurm controller does not answer ({said}).")
         self._address = self.choose_address()
 
+    @functools.cached_property
     def allocated_nodes(self) -> list[str]:
         """The nodes of the allocation the kernel runs in ([] outside one)."""
         nodelist = os.environ.get("SLURM_JOB_NODELIST")
@@ -447,12 +450,12 @@ class SlurmLauncher(RemoteMPILauncher):
         return names.stdout.split() if names.returncode == 0 else []
 
     def spans_other_hosts(self) -> bool:
-        nodes = self.allocated_nodes()
+        nodes = self.allocated_nodes
         return not nodes or any(not _is_this_host(n) for n in nodes)
 
     def first_host(self) -> str | None:
         """Inside an allocation: its first node that is not this one; outside: the Slurm controller's host."""
-        nodes = self.allocated_nodes()
+        nodes = self.allocated_nodes
         if nodes:
             return next((n for n in nodes if not _is_this_host(n)), nodes[0])
         conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
