@@ -1,12 +1,16 @@
-"""The ``%%distributed`` options, each defined once, with its scope.
+"""The ``%%distributed`` options, each defined once, with its scope, by whoever owns it.
 
-A cluster option is a field of :class:`ClusterConfig` whose metadata says its flag, help
-and :class:`Scope`; the cell options (:data:`CELL_OPTIONS`) apply to one cell. From this one
-definition come the magic's argument parser and its ``%%distributed?`` help
-(:func:`parser_arguments`), what a cell asks of a running cluster (:func:`plan`: reuse it,
-change live options, refuse a change that needs ``--restart``, or keep the options not given
-across ``--restart``), the pure checks of :meth:`ClusterConfig.check`, and the options the
-sidebar lists for each cluster (:func:`describe`).
+jdist's own cluster options are the fields of :class:`ClusterConfig` (their flag, help and
+:class:`Scope` in the field's metadata); its own cell options are :data:`CELL_OPTIONS`. A plugin
+owns its options (:class:`OptionOwner`): a launcher (``--hosts`` is the ssh launcher's), a
+backend (its :class:`~jdist.plugins.BackendSpec`) or a record sink (``--tensorboard``).
+:func:`jdist.plugins.option_table` assembles them all into one :class:`OptionTable`; from it
+come the magic's argument parser and ``%%distributed?`` help (:meth:`~OptionTable.parser_arguments`),
+what a line gives (:meth:`~OptionTable.requested`), what it asks of a running cluster
+(:meth:`~OptionTable.plan`: reuse it, change live options, refuse a change that needs
+``--restart``, or keep the options not given across ``--restart``), the checks
+(:meth:`~OptionTable.check`: jdist's, then the owners'), this cell's :class:`CellOptions` and
+the options the sidebar lists for each cluster (:meth:`~OptionTable.describe`).
 
 Scopes:
 
@@ -16,27 +20,28 @@ Scopes:
 * ``cell``: this cell only.
 
 Example:
-    >>> p = plan({"n": 2}, running=None, restart=False)
+    >>> from jdist.plugins import option_table
+    >>> table = option_table()
+    >>> p = table.plan({"n": 2}, running=None, restart=False)
     >>> p.action, p.config.n, p.config.backend
     ('start', 2, 'ddp')
     >>> running = p.config
-    >>> plan({"precision": "bf16", "threads": 1}, running, restart=False).live
+    >>> table.plan({"precision": "bf16", "threads": 1}, running, restart=False).live
     {'threads': 1, 'precision': 'bf16'}
-    >>> plan({"backend": "fsdp"}, running, restart=False)
+    >>> table.plan({"timeout": 30.0}, running, restart=False)
     Traceback (most recent call last):
     ...
-    ValueError: A cluster is running with different options: --backend fsdp (running: ddp). Add --restart to replace it (rank state is lost), or drop these options to reuse it.
+    ValueError: A cluster is running with different options: --timeout 30 (running: 60). Add --restart to replace it (rank state is lost), or drop these options to reuse it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 #: Values of ``--precision`` (autocast dtype of prepared models; fp16 adds a GradScaler).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -58,7 +63,14 @@ class Scope(str, Enum):
 
 @dataclass(frozen=True)
 class Option:
-    """One flag of ``%%distributed``. ``applied_by``: who applies a live change ("kernel"/"ranks")."""
+    """One flag of ``%%distributed``.
+
+    ``applied_by``: who applies a live change ("kernel", or "ranks": :mod:`jdist.rank.bootstrap`
+    has its rank-side code, or the backend that owns it); ``message``: what a live change prints
+    (``{}``: the new value); ``default``: the value when not given (jdist's cluster options: their
+    :class:`ClusterConfig` field's); ``implies``: giving it selects the plugin that owns it
+    (``--hosts`` starts the ranks with ``--launcher ssh``).
+    """
 
     name: str
     flags: tuple[str, ...]
@@ -71,10 +83,18 @@ class Option:
     toggle: bool = False  # "--flag" turns it on, "--flag off" turns it off
     applied_by: Literal["kernel", "ranks"] = "kernel"
     const: Any = None  # the value of the flag given alone ("--flag" without a value); None: a value is needed
+    default: Any = None
+    message: str | None = None
+    implies: bool = False
 
     @property
     def flag(self) -> str:
         return self.flags[-1]
+
+    @property
+    def flag_names(self) -> str:
+        """Every flag, as errors name them: ``-N/--nodes``."""
+        return "/".join(self.flags)
 
     def argparse(self) -> tuple[tuple[str, ...], dict[str, Any]]:
         """``(flags, kwargs)`` for ``argparse.add_argument``; every default is None ("not given")."""
@@ -117,7 +137,13 @@ def _option(default: Any, flags: tuple[str, ...], help: str, scope: Scope, **kw:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """What a cluster runs with: every field is a ``%%distributed`` option (see its metadata)."""
+    """What a cluster runs with: jdist's own options as fields (see their metadata), and the
+    options of its launcher and backend that were given, in :attr:`plugin`.
+
+    >>> c = ClusterConfig(n=2, launcher="ssh", plugin={"hosts": "a:1,b:1"})
+    >>> c.get("hosts"), c.get("nodes"), c.replace(timeout=30.0, nodes=2).as_dict()["nodes"]
+    ('a:1,b:1', None, 2)
+    """
 
     n: int = field(metadata={"option": Option("", ("-n",), "Number of ranks: CPU ranks (gloo), or with --gpus "
                                               "one CUDA GPU each.", Scope.RESTART, type=int, metavar="N")})
@@ -128,25 +154,6 @@ class ClusterConfig:
     launcher: str = _option("local-mpi", ("--launcher",), "How the ranks are started: local-mpi (default: MPI "
                             "ranks on this machine), or one installed through the jdist.launchers entry points.",
                             Scope.RESTART)
-    hosts: str | None = _option(None, ("--hosts",), "Run the ranks on these hosts over ssh (MPICH hydra): "
-                                "gpu1:4,gpu2:4 gives 4 ranks per host (-n/--gpus default to the total); the same "
-                                "Python path on each, a shared home (docs/multinode.md).", Scope.RESTART, type=str,
-                                metavar="HOST:N,...")
-    hostfile: str | None = _option(None, ("--hostfile",), "Like --hosts, from a file: one host[:ranks] per line.",
-                                   Scope.RESTART, type=str, metavar="FILE")
-    slurm: str | None = _option(None, ("--slurm",), "Run the ranks as a Slurm job step (srun --mpi=pmi2): inside "
-                                "an allocation as it is; outside one, give srun's own options in quotes, e.g. "
-                                "--slurm \"-p gpu -A proj -t 60\".", Scope.RESTART, type=str, metavar="\"SRUN OPTIONS\"",
-                                const="")
-    nodes: int | None = _option(None, ("-N", "--nodes"), "With --slurm: the number of nodes (srun -N).", Scope.RESTART,
-                                type=int, metavar="NODES")
-    ip: str | None = _option(None, ("--ip",), "With ranks on other hosts: the address of this machine (and of rank "
-                             "0's host for the process group) that the others reach; jdist's listeners bind it "
-                             "(default: the address of the route to the first host).", Scope.RESTART, type=str,
-                             metavar="ADDR")
-    iface: str | None = _option(None, ("--iface",), "With ranks on other hosts: the network interface for jdist's "
-                                "traffic and gloo/NCCL on every host (default: the one that routes to rank 0).",
-                                Scope.RESTART, type=str, metavar="NAME")
     encrypt: bool = _option(False, ("--encrypt",), "Encrypt the kernel's traffic with the ranks (CurveZMQ). The "
                             "process group's own traffic (gloo, NCCL) is not encrypted.", Scope.RESTART, toggle=True)
     timeout: float = _option(60.0, ("--timeout",), "Process-group timeout in seconds (default 60).", Scope.RESTART,
@@ -154,10 +161,11 @@ class ClusterConfig:
     port: int | None = _option(None, ("--port",), "Fixed TCP port for the process-group rendezvous (default: none; "
                                "a private file store is used).", Scope.RESTART, type=int, metavar="P")
     threads: int | None = _option(None, ("--threads",), "torch threads per CPU rank (default: cores / ranks).",
-                                  Scope.LIVE, type=int, metavar="T", applied_by="ranks")
+                                  Scope.LIVE, type=int, metavar="T", applied_by="ranks",
+                                  message="torch uses {} thread(s) per rank now.")
     precision: str = _option("fp32", ("--precision",), "Autocast precision of prepared models (fp16 adds a "
                              "GradScaler; jdist.backward applies it).", Scope.LIVE, choices=PRECISIONS,
-                             applied_by="ranks")
+                             applied_by="ranks", message="Precision is now {} on all ranks (prepared models included).")
     watchdog: float = _option(30.0, ("--watchdog",), "Seconds without progress, with every running rank proven "
                               "blocked in a collective, after which the cell is reported as hung with each rank's "
                               "stack and the ranks are released; healthy training that prints nothing is left alone "
@@ -167,25 +175,38 @@ class ClusterConfig:
                                  "(--auto-restart off: no more).", Scope.LIVE, toggle=True)
     start_timeout: float = _option(120.0, ("--start-timeout",), "Seconds to wait for ranks to start (default 120).",
                                    Scope.LIVE, type=float, metavar="S")
+    #: The options of plugins (the launcher's, the backend's) that were given, by name.
+    plugin: dict[str, Any] = field(default_factory=dict, hash=False, metadata={"internal": True})
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of option ``name``: a field, else a plugin option's value if given, else ``default``."""
+        if name in _CORE_NAMES:
+            return getattr(self, name)
+        return self.plugin.get(name, default)
+
+    def replace(self, **changes: Any) -> ClusterConfig:
+        """A copy with ``changes`` (jdist's options and plugins' alike; a plugin option set to None is dropped)."""
+        core = {k: v for k, v in changes.items() if k in _CORE_NAMES}
+        plugin = {**self.plugin, **{k: v for k, v in changes.items() if k not in _CORE_NAMES}}
+        return dataclasses.replace(self, **core, plugin={k: v for k, v in plugin.items() if v is not None})
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every option's value, flat: jdist's fields, then the plugin options given."""
+        return {**{name: getattr(self, name) for name in _CORE_NAMES}, **self.plugin}
 
     def check(self) -> None:
-        """Raise ValueError with the fix for impossible settings (pure: no probing of the machine).
+        """Raise ValueError with the fix for impossible settings of jdist's own options (pure: no
+        probing of the machine; :meth:`OptionTable.check` adds the plugins' checks).
 
         >>> ClusterConfig(n=0).check()
         Traceback (most recent call last):
         ...
         ValueError: -n/--gpus must be at least 1 (got 0); e.g. -n 2.
         """
-        from jdist.plugins import available_launchers, backend_spec
-
         if self.n < 1:
             raise ValueError(f"-n/--gpus must be at least 1 (got {self.n}); e.g. -n 2.")
         if not self.gpus and self.n > MAX_LOCAL_RANKS:
             raise ValueError(f"-n {self.n} is more than {MAX_LOCAL_RANKS} local ranks; use -n {MAX_LOCAL_RANKS} or fewer.")
-        backend_spec(self.backend)  # names the choices
-        if self.launcher not in available_launchers():
-            raise ValueError(f"Unknown launcher {self.launcher!r}. Use --launcher with one of: "
-                             f"{', '.join(available_launchers())}.")
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be positive seconds (got {self.timeout:g}).")
         if self.start_timeout <= 0:
@@ -198,36 +219,6 @@ class ClusterConfig:
             raise ValueError(f"--port {self.port}: use a port from 1024 to 65535, or leave --port out.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}.")
-        places = [flag for flag, value in (("--hosts", self.hosts), ("--hostfile", self.hostfile),
-                                           ("--slurm", self.slurm)) if value is not None]
-        if len(places) > 1:
-            raise ValueError(f"Give one of {' and '.join(places)}: they say where the ranks run.")
-        if self.hosts is not None:
-            total = sum(count for _, count in parse_hosts(self.hosts))  # names a malformed list
-            if total < self.n:
-                raise ValueError(f"--hosts {self.hosts} has room for {total} rank(s), but {self.ranks_flag} asks "
-                                 f"for {self.n}: add ranks per host (host:N) or leave {self.ranks_flag.split()[0]} out.")
-        expected = {"--hosts": "ssh", "--hostfile": "ssh", "--slurm": "slurm"}.get(places[0]) if places else None
-        if expected and self.launcher != expected:
-            raise ValueError(f"{places[0]} starts the ranks with --launcher {expected}; drop --launcher {self.launcher}.")
-        if self.launcher in ("ssh",) and expected is None:
-            raise ValueError("--launcher ssh needs the hosts: give --hosts gpu1:4,gpu2:4 or --hostfile FILE.")
-        if self.nodes is not None and self.slurm is None:
-            raise ValueError("-N/--nodes is the node count of a Slurm job step: use it with --slurm "
-                             "(with --hosts, the hosts are the nodes).")
-        if self.nodes is not None and not 1 <= self.nodes <= self.n:
-            raise ValueError(f"-N {self.nodes}: give 1 to {self.n} nodes for {self.ranks_flag}.")
-        if (self.ip or self.iface) and self.launcher == "local-mpi":
-            raise ValueError("--ip/--iface choose the network between hosts; on one machine everything stays on "
-                             "loopback: leave them out, or give --hosts/--slurm.")
-        if self.ip is not None:
-            import ipaddress
-
-            try:
-                ipaddress.ip_address(self.ip)
-            except ValueError:
-                raise ValueError(f"--ip {self.ip!r} is not an IP address; give one of this machine's "
-                                 "addresses, e.g. --ip 10.1.2.3 (or --iface NAME).") from None
 
     @property
     def ranks_flag(self) -> str:
@@ -235,147 +226,95 @@ class ClusterConfig:
         return f"{'--gpus' if self.gpus else '-n'} {self.n}"
 
 
-def parse_hosts(text: str) -> list[tuple[str, int]]:
-    """``--hosts`` (or a hostfile's lines) as ``[(host, ranks)]``; a host without ``:N`` gets 1.
-
-    >>> parse_hosts("gpu1:4,gpu2:4")
-    [('gpu1', 4), ('gpu2', 4)]
-    >>> parse_hosts("node1, node2:2")
-    [('node1', 1), ('node2', 2)]
-    >>> parse_hosts("gpu1:x")
-    Traceback (most recent call last):
-    ...
-    ValueError: --hosts: 'gpu1:x' is not host or host:N (N ranks, at least 1); e.g. --hosts gpu1:4,gpu2:4.
-    """
-    out = []
-    for item in text.replace("\n", ",").split(","):
-        item = item.split("#", 1)[0].strip()
-        if not item:
-            continue
-        host, _, count = item.partition(":")
-        if not host or any(c.isspace() for c in host) or (count and not (count.isdigit() and int(count) >= 1)):
-            raise ValueError(f"--hosts: {item!r} is not host or host:N (N ranks, at least 1); "
-                             "e.g. --hosts gpu1:4,gpu2:4.")
-        out.append((host, int(count) if count else 1))
-    if not out:
-        raise ValueError("--hosts: no host given; e.g. --hosts gpu1:4,gpu2:4.")
-    return out
-
-
-def read_hostfile(path: str) -> list[tuple[str, int]]:
-    """A hostfile's hosts (one ``host[:N]`` per line, ``#`` comments), as :func:`parse_hosts`."""
-    try:
-        text = open(os.path.expanduser(path)).read()
-    except OSError as exc:
-        raise ValueError(f"--hostfile {path}: {exc.strerror}; give a file with one host[:ranks] per line.") from None
-    try:
-        return parse_hosts(text)
-    except ValueError as exc:
-        raise ValueError(f"--hostfile {path}: {str(exc).removeprefix('--hosts: ')}") from None
-
-
-def profiles_file() -> Path:
-    """Where ``--cluster NAME`` profiles live: ``<jupyter config dir>/jdist/clusters.toml``."""
-    from jupyter_core.paths import jupyter_config_dir
-
-    return Path(jupyter_config_dir()) / "jdist" / "clusters.toml"
-
-
-def load_profile(name: str, path: Path | None = None) -> dict[str, Any]:
-    """The cluster options of profile ``name`` (a TOML table of option names, as the flags say them):
-
-        [mycluster]
-        hosts = "gpu1:4,gpu2:4"
-        iface = "ib0"
-
-    ValueError with the fix for a missing file, profile or option.
-    """
-    import tomllib
-
-    path = path or profiles_file()
-    try:
-        profiles = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"--cluster {name}: no profiles file {path}; create it with a [{name}] table "
-                         "(docs/multinode.md).") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--cluster {name}: {path} is not valid TOML ({exc}).") from None
-    if name not in profiles or not isinstance(profiles[name], dict):
-        raise ValueError(f"--cluster {name}: no [{name}] in {path}; it has: {', '.join(profiles) or 'none'}.")
-    names = {o.name for o in cluster_options()}
-    out: dict[str, Any] = {}
-    for key, value in profiles[name].items():
-        option = key.replace("-", "_")
-        if option not in names:
-            raise ValueError(f"--cluster {name}: {key!r} in {path} is not a cluster option; use: "
-                             f"{', '.join(sorted(names))}.")
-        out[option] = value
-    return out
+_CORE_NAMES = tuple(f.name for f in dataclasses.fields(ClusterConfig) if "option" in f.metadata)
 
 
 @functools.cache
 def cluster_options() -> tuple[Option, ...]:
-    """The cluster options, in :class:`ClusterConfig` field order."""
-    return tuple(dataclasses.replace(f.metadata["option"], name=f.name) for f in dataclasses.fields(ClusterConfig))
+    """jdist's own cluster options, in :class:`ClusterConfig` field order."""
+    return tuple(dataclasses.replace(f.metadata["option"], name=f.name,
+                                     default=None if f.default is dataclasses.MISSING else f.default)
+                 for f in dataclasses.fields(ClusterConfig) if "option" in f.metadata)
 
 
+#: jdist's own cell options (plugins add theirs: ``--tensorboard``, ``--mlflow``).
 CELL_OPTIONS: tuple[Option, ...] = (
     Option("targets", ("--targets",), "Ranks to run this cell on: 0, 0,2, 1-3 or all (default: all).", Scope.CELL,
            type=str, metavar="RANKS"),
     Option("output", ("--output",), "Whose stdout/stderr to show: rank0 (the lowest selected rank, live; "
            "default), all (every rank, lines labelled by rank), none.", Scope.CELL, type=str,
-           choices=("rank0", "all", "none")),
+           choices=("rank0", "all", "none"), default="rank0"),
     Option("no_dashboard", ("--no-dashboard",), "Do not show the live dashboard for jdist.log metrics.", Scope.CELL,
-           switch=True),
+           switch=True, default=False),
     Option("run_dir", ("--run-dir",), "Folder for run logs (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).",
            Scope.CELL, type=str, metavar="DIR"),
-    Option("tensorboard", ("--tensorboard",), "Also write this cell's run to TensorBoard while it runs, under "
-           "DIR/<run id> (each rank and their mean; needs jdist[tracking]).", Scope.CELL, type=str, metavar="DIR"),
-    Option("mlflow", ("--mlflow",), "Also log this cell's run to MLflow while it runs: URI is a tracking store or "
-           "server (default: MLflow's own, $MLFLOW_TRACKING_URI or sqlite:///mlflow.db; needs jdist[tracking]).",
-           Scope.CELL, type=str, metavar="URI", const=True),
     Option("cluster", ("--cluster",), "Take the cluster options of profile NAME from <jupyter config dir>/jdist/"
            "clusters.toml (options given in the cell win).", Scope.CELL, type=str, metavar="NAME"),
     Option("restart", ("--restart",), "Replace the running cluster first: with the options given, the others "
-           "kept (rank state is lost).", Scope.CELL, switch=True),
+           "kept (rank state is lost).", Scope.CELL, switch=True, default=False),
 )
 
 
-def parser_arguments() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
-    """``argparse.add_argument`` arguments of ``%%distributed``: cluster options, then cell options."""
-    return [opt.argparse() for opt in (*cluster_options(), *CELL_OPTIONS)]
+class CellOptions:
+    """This cell's options (scope ``cell``): jdist's and the installed plugins', every one with a
+    value (its default when not given), read as attributes. Made by :meth:`OptionTable.cell_options`
+    and passed whole (magics, supervisor, sinks, recovery replays).
 
-
-def requested(args: Any) -> dict[str, Any]:
-    """The cluster options a parsed ``%%distributed`` line gives (those not given are left out).
-
-    ``-n N`` and ``--gpus N`` both set the rank count; ``--gpus`` also sets ``gpus``.
+    >>> opts = OptionTable().cell_options({"output": "all"})
+    >>> opts.output, opts.no_dashboard, opts.replace(output="none").output
+    ('all', False, 'none')
+    >>> opts.outptu
+    Traceback (most recent call last):
+    ...
+    AttributeError: No cell option 'outptu'; the cell options are: targets, output, no_dashboard, run_dir, cluster, restart.
     """
-    given = {o.name: getattr(args, o.name) for o in cluster_options() if getattr(args, o.name, None) is not None}
-    profile = getattr(args, "cluster", None)
-    if profile:
-        counted = "n" in given or "gpus" in given  # the cell's -n/--gpus win over the profile's
-        for name, value in load_profile(profile).items():
-            if not (counted and name in ("n", "gpus")):
-                given.setdefault(name, value)
-    n, gpus = given.pop("n", None), given.pop("gpus", None)
-    if n is not None and gpus is not None:
-        raise ValueError("Give either -n N (CPU ranks) or --gpus N (one GPU per rank), not both.")
-    if n is not None:
-        given.update(n=n, gpus=False)
-    elif gpus is not None:
-        given.update(n=gpus, gpus=True)
-    if "n" not in given and (given.get("hosts") or given.get("hostfile")):
-        hosts = parse_hosts(given["hosts"]) if given.get("hosts") else read_hostfile(given["hostfile"])
-        given.update(n=sum(count for _, count in hosts), gpus=False)
-    if given.get("hostfile") and not given.get("hosts"):
-        read_hostfile(given["hostfile"])  # one clear line now, not an error of mpiexec later
-    if "launcher" not in given:
-        if given.get("hosts") or given.get("hostfile"):
-            given["launcher"] = "ssh"
-        elif given.get("slurm") is not None:
-            given["launcher"] = "slurm"
-    return given
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        try:
+            return values[name]
+        except KeyError:
+            raise AttributeError(f"No cell option {name!r}; the cell options are: {', '.join(values)}.") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("CellOptions are frozen: use .replace(name=value)")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CellOptions) and self._values == other._values
+
+    def __repr__(self) -> str:
+        return f"CellOptions({self._values!r})"
+
+    def replace(self, **changes: Any) -> CellOptions:
+        unknown = set(changes) - set(self._values)
+        if unknown:
+            getattr(self, sorted(unknown)[0])  # the error naming the options
+        return CellOptions({**self._values, **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+@dataclass(frozen=True)
+class OptionOwner:
+    """A plugin with options of its own: selected by ``--<kind> <name>`` (a launcher, a backend),
+    or a record sink (kind ``sink``: its cell options turn it on).
+
+    ``check(config)``: ValueError with the fix for settings it cannot run (pure), called when it
+    is selected. ``complete(given)``: fill, in the options a line gives, what its options imply
+    (the ssh launcher: ``-n`` from ``--hosts``).
+    """
+
+    kind: Literal["launcher", "backend", "sink"]
+    name: str
+    options: tuple[Option, ...] = ()
+    check: Callable[[ClusterConfig], None] | None = None
+    complete: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -388,81 +327,278 @@ class Plan:
     live: dict[str, Any] = field(default_factory=dict)
 
 
-def plan(given: Mapping[str, Any], running: ClusterConfig | None, restart: bool) -> Plan:
-    """What ``given`` (:func:`requested`) asks of the ``running`` cluster's config (None: none runs).
+class OptionTable:
+    """Every option: jdist's own and those of ``owners`` (:func:`jdist.plugins.option_table` passes
+    the installed plugins). Raises TypeError when two define the same name differently."""
 
-    Raises ValueError with the fix: no cluster and no rank count, a restart-scope option that
-    differs without ``restart``, or a config that :meth:`ClusterConfig.check` refuses.
-    """
-    options = {o.name: o for o in cluster_options()}
-    if running is None:
+    def __init__(self, owners: Iterable[OptionOwner] = ()):
+        self.owners = tuple(owners)
+        by_name: dict[str, Option] = {o.name: o for o in (*cluster_options(), *CELL_OPTIONS)}
+        self.owned: dict[str, list[OptionOwner]] = {}
+        for owner in self.owners:
+            for opt in owner.options:
+                known = by_name.get(opt.name)
+                if known is not None and (known != opt or opt.name not in self.owned):
+                    first = self.owned.get(opt.name, [None])[0]
+                    raise TypeError(f"Option {opt.name!r} of {owner.kind} {owner.name!r} is already defined "
+                                    f"{'by ' + first.kind + ' ' + repr(first.name) if first else 'by jdist'}.")
+                by_name[opt.name] = opt
+                self.owned.setdefault(opt.name, []).append(owner)
+        self.by_name = by_name
+
+    # -- the table ---------------------------------------------------------------------------
+    @property
+    def cluster(self) -> list[Option]:
+        """The cluster options (restart and live scope), jdist's first."""
+        return [o for o in self.by_name.values() if o.scope is not Scope.CELL]
+
+    @property
+    def cell(self) -> list[Option]:
+        """The cell options, jdist's first."""
+        return [o for o in self.by_name.values() if o.scope is Scope.CELL]
+
+    def option(self, name: str) -> Option:
+        return self.by_name[name]
+
+    def owner(self, kind: str, name: str) -> OptionOwner | None:
+        return next((o for o in self.owners if o.kind == kind and o.name == name), None)
+
+    def names(self, kind: str) -> list[str]:
+        """The installed plugins of ``kind``, sorted (``--launcher``/``--backend`` choices)."""
+        return sorted(o.name for o in self.owners if o.kind == kind)
+
+    def parser_arguments(self) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+        """``argparse.add_argument`` arguments of every option: cluster options, then cell options."""
+        return [opt.argparse() for opt in (*self.cluster, *self.cell)]
+
+    # -- what a line gives ---------------------------------------------------------------------
+    def requested(self, args: Any) -> dict[str, Any]:
+        """The cluster options a parsed line gives (those not given are left out).
+
+        ``-n N`` and ``--gpus N`` both set the rank count; ``--gpus`` also sets ``gpus``; an
+        option that implies its owner selects it (``--hosts``: ``--launcher ssh``), and the
+        selected launcher and backend fill in what their options imply.
+        """
+        given = {o.name: getattr(args, o.name) for o in self.cluster if getattr(args, o.name, None) is not None}
+        profile = getattr(args, "cluster", None)
+        if profile:
+            counted = "n" in given or "gpus" in given  # the cell's -n/--gpus win over the profile's
+            for name, value in self.load_profile(profile).items():
+                if not (counted and name in ("n", "gpus")):
+                    given.setdefault(name, value)
+        n, gpus = given.pop("n", None), given.pop("gpus", None)
+        if n is not None and gpus is not None:
+            raise ValueError("Give either -n N (CPU ranks) or --gpus N (one GPU per rank), not both.")
+        if n is not None:
+            given.update(n=n, gpus=False)
+        elif gpus is not None:
+            given.update(n=gpus, gpus=True)
+        for kind in ("launcher", "backend"):
+            implied = self._implied(kind, given)
+            if kind not in given and len(implied) == 1:
+                given[kind] = next(iter(implied))
+            owner = self.owner(kind, given.get(kind, self.option(kind).default))
+            if owner is not None and owner.complete is not None:
+                owner.complete(given)
+        return given
+
+    def _implied(self, kind: str, values: Mapping[str, Any]) -> dict[str, list[Option]]:
+        """Owners of ``kind`` selected by the implying options among ``values``: name -> those options."""
+        out: dict[str, list[Option]] = {}
+        for name, value in values.items():
+            opt = self.by_name.get(name)
+            if opt is None or not opt.implies or value is None or value == opt.default:
+                continue
+            for owner in self.owned.get(name, []):
+                if owner.kind == kind:
+                    out.setdefault(owner.name, []).append(opt)
+        return out
+
+    def cell_options(self, args: Any) -> CellOptions:
+        """This cell's :class:`CellOptions` from a parsed line (or a mapping): every cell option,
+        its default where not given."""
+        get = args.get if isinstance(args, Mapping) else (lambda name: getattr(args, name, None))
+        return CellOptions({o.name: o.default if get(o.name) is None else get(o.name) for o in self.cell})
+
+    def config(self, given: Mapping[str, Any]) -> ClusterConfig:
+        """A :class:`ClusterConfig` from option values by name (plugin options go to ``plugin``;
+        unknown names: ValueError)."""
+        unknown = [k for k in given if k not in self.by_name or self.by_name[k].scope is Scope.CELL]
+        if unknown:
+            raise ValueError(f"Unknown cluster option(s) {', '.join(unknown)}; the cluster options are: "
+                             f"{', '.join(o.name for o in self.cluster)}.")
         if "n" not in given:
             raise ValueError("No cluster is running: start one with %%distributed -n 2 (CPU ranks) or --gpus N.")
-        config = ClusterConfig(**given)
+        core = {k: v for k, v in given.items() if k in _CORE_NAMES}
+        plugin = {k: v for k, v in given.items()
+                  if k not in _CORE_NAMES and v is not None and v != self.by_name[k].default}
+        return ClusterConfig(**core, plugin=plugin)
+
+    # -- checks ------------------------------------------------------------------------------
+    def check(self, config: ClusterConfig) -> None:
+        """ValueError with the fix: jdist's own checks, the launcher and backend exist, every plugin
+        option given belongs to the selected launcher or backend, then their own checks (pure)."""
         config.check()
-        return Plan("start", config)
-    if restart:  # options not given are kept
-        config = dataclasses.replace(running, **given)
-        config.check()
-        return Plan("restart", config)
-    conflicts, live = [], {}
-    for name in [o for o in options if o in given]:  # in the order the options are defined
-        value, old = given[name], getattr(running, name)
-        if value == old:
-            continue
-        if options[name].scope is Scope.RESTART:
-            if name in ("n", "gpus"):  # given together (requested)
-                conflicts.append(f"{'--gpus' if given['gpus'] else '-n'} {given['n']} (running: {running.ranks_flag})")
+        for kind in ("backend", "launcher"):
+            selected = getattr(config, kind)
+            if self.owner(kind, selected) is None:
+                raise ValueError(f"Unknown {kind} {selected!r}. Use --{kind} with one of: {', '.join(self.names(kind))}.")
+        for kind in ("launcher", "backend"):
+            implied = self._implied(kind, config.plugin)
+            if len(implied) > 1:
+                flags = [opts[0].flag for opts in implied.values()]
+                raise ValueError(f"Give one of {' and '.join(flags)}: they select different {kind}s "
+                                 f"({', '.join(implied)}).")
+        for name, value in config.plugin.items():
+            self._check_owned(config, name)
+        for kind in ("launcher", "backend"):
+            owner = self.owner(kind, getattr(config, kind))
+            if owner is not None and owner.check is not None:
+                owner.check(config)
+
+    def _check_owned(self, config: ClusterConfig, name: str) -> None:
+        opt = self.by_name.get(name)
+        if opt is None:
+            raise ValueError(f"Unknown option {name!r}; the cluster options are: {', '.join(o.name for o in self.cluster)}.")
+        owners = self.owned.get(name, [])
+        kinds = {o.kind for o in owners}
+        for kind in ("launcher", "backend"):
+            if kind not in kinds:
+                continue
+            names = [o.name for o in owners if o.kind == kind]
+            selected = getattr(config, kind)
+            if selected in names:
+                return
+            if opt.implies:
+                raise ValueError(f"{opt.flag} {'starts the ranks with' if kind == 'launcher' else 'selects'} "
+                                 f"--{kind} {names[0]}; drop --{kind} {selected}.")
+            selectors = sorted({o.flag for n in names for o in self.owner(kind, n).options if o.implies})  # type: ignore[union-attr]
+            via = " or ".join([*selectors, *(f"--{kind} {n}" for n in names if not selectors)])
+            raise ValueError(f"{opt.flag_names} is an option of --{kind} {', '.join(names)}, not of --{kind} "
+                             f"{selected}: give {via}, or leave {opt.flag} out.")
+
+    # -- a running cluster -------------------------------------------------------------------------
+    def plan(self, given: Mapping[str, Any], running: ClusterConfig | None, restart: bool) -> Plan:
+        """What ``given`` (:meth:`requested`) asks of the ``running`` cluster's config (None: none runs).
+
+        Raises ValueError with the fix: no cluster and no rank count, a restart-scope option that
+        differs without ``restart``, or a config that :meth:`check` refuses.
+        """
+        if running is None:
+            config = self.config(given)
+            self.check(config)
+            return Plan("start", config)
+        if restart:  # options not given are kept
+            config = running.replace(**given)
+            self.check(config)
+            return Plan("restart", config)
+        conflicts, live = [], {}
+        for name in [o.name for o in self.cluster if o.name in given]:  # in the order the options are defined
+            value, old = given[name], running.get(name, self.by_name[name].default)
+            if value == old:
+                continue
+            if self.by_name[name].scope is Scope.RESTART:
+                if name in ("n", "gpus"):  # given together (requested)
+                    conflicts.append(f"{'--gpus' if given['gpus'] else '-n'} {given['n']} (running: {running.ranks_flag})")
+                else:
+                    conflicts.append(f"{self.by_name[name].flag} {_show(value)} "
+                                     f"(running: {_show(old) if old is not None else 'none'})")
             else:
-                conflicts.append(f"{options[name].flag} {_show(value)} (running: {_show(old) if old is not None else 'none'})")
-        else:
-            live[name] = value
-    conflicts = list(dict.fromkeys(conflicts))
-    if conflicts:
-        raise ValueError(
-            f"A cluster is running with different options: {'; '.join(conflicts)}. "
-            "Add --restart to replace it (rank state is lost), or drop these options to reuse it."
-        )
-    config = dataclasses.replace(running, **live)
-    config.check()
-    return Plan("reuse", config, live)
+                live[name] = value
+        conflicts = list(dict.fromkeys(conflicts))
+        if conflicts:
+            raise ValueError(
+                f"A cluster is running with different options: {'; '.join(conflicts)}. "
+                "Add --restart to replace it (rank state is lost), or drop these options to reuse it."
+            )
+        config = running.replace(**live)
+        self.check(config)
+        return Plan("reuse", config, live)
+
+    def live_messages(self, changes: Mapping[str, Any]) -> list[str]:
+        """What the live ``changes`` print (options with a :attr:`Option.message`)."""
+        return [self.by_name[k].message.format(v) for k, v in changes.items()  # type: ignore[union-attr]
+                if self.by_name[k].message]
+
+    def rank_options(self, config: ClusterConfig) -> dict[str, Any]:
+        """The values the ranks apply at set-up: every option ``applied_by="ranks"`` and every
+        option of the selected backend (its default where not given)."""
+        backend = self.owner("backend", config.backend)
+        names = [o.name for o in self.cluster if o.applied_by == "ranks"]
+        names += [o.name for o in (backend.options if backend else ()) if o.name not in names]
+        return {name: config.get(name, self.by_name[name].default) for name in names}
+
+    # -- profiles and the sidebar ---------------------------------------------------------------
+    def load_profile(self, name: str, path: Path | None = None) -> dict[str, Any]:
+        """The cluster options of profile ``name`` (a TOML table of option names, as the flags say them):
+
+            [mycluster]
+            hosts = "gpu1:4,gpu2:4"
+            iface = "ib0"
+
+        ValueError with the fix for a missing file, profile or option.
+        """
+        import tomllib
+
+        path = path or profiles_file()
+        try:
+            profiles = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"--cluster {name}: no profiles file {path}; create it with a [{name}] table "
+                             "(docs/multinode.md).") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"--cluster {name}: {path} is not valid TOML ({exc}).") from None
+        if name not in profiles or not isinstance(profiles[name], dict):
+            raise ValueError(f"--cluster {name}: no [{name}] in {path}; it has: {', '.join(profiles) or 'none'}.")
+        names = {o.name for o in self.cluster}
+        out: dict[str, Any] = {}
+        for key, value in profiles[name].items():
+            option = key.replace("-", "_")
+            if option not in names:
+                raise ValueError(f"--cluster {name}: {key!r} in {path} is not a cluster option; use: "
+                                 f"{', '.join(sorted(names))}.")
+            out[option] = value
+        return out
+
+    def describe(self, config: ClusterConfig) -> list[dict[str, str]]:
+        """The options of a config as the sidebar lists them: jdist's own, then the plugin options given.
+
+        >>> OptionTable().describe(ClusterConfig(n=2))[:2]  # doctest: +NORMALIZE_WHITESPACE
+        [{'name': 'n', 'flag': '-n', 'value': '2', 'scope': 'restart', 'help': 'Number of ranks: CPU ranks (gloo), or with --gpus one CUDA GPU each.'},
+         {'name': 'gpus', 'flag': '--gpus', 'value': 'no', 'scope': 'restart', 'help': 'Number of ranks with one CUDA GPU each (NCCL).'}]
+        """
+        out = []
+        for name, value in config.as_dict().items():
+            opt = self.by_name.get(name)
+            if opt is None:
+                continue
+            text = ("yes" if value else "no") if isinstance(value, bool) else ("default" if value is None else _show(value))
+            out.append({"name": name, "flag": opt.flag, "value": text, "scope": opt.scope.value, "help": opt.help})
+        return out
+
+
+def profiles_file() -> Path:
+    """Where ``--cluster NAME`` profiles live: ``<jupyter config dir>/jdist/clusters.toml``."""
+    from jupyter_core.paths import jupyter_config_dir
+
+    return Path(jupyter_config_dir()) / "jdist" / "clusters.toml"
 
 
 def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def describe(config: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The cluster options of a config (a :class:`ClusterConfig` as a dict), as the sidebar lists them.
-
-    >>> describe({"n": 2, "gpus": False, "backend": "ddp"})[:2]  # doctest: +NORMALIZE_WHITESPACE
-    [{'name': 'n', 'flag': '-n', 'value': '2', 'scope': 'restart', 'help': 'Number of ranks: CPU ranks (gloo), or with --gpus one CUDA GPU each.'},
-     {'name': 'gpus', 'flag': '--gpus', 'value': 'no', 'scope': 'restart', 'help': 'Number of ranks with one CUDA GPU each (NCCL).'}]
-    """
-    out = []
-    for opt in cluster_options():
-        if opt.name not in config:
-            continue
-        value = config[opt.name]
-        text = ("yes" if value else "no") if isinstance(value, bool) else ("default" if value is None else _show(value))
-        out.append({"name": opt.name, "flag": opt.flag, "value": text, "scope": opt.scope.value, "help": opt.help})
-    return out
-
-
 __all__ = [
     "CELL_OPTIONS",
+    "CellOptions",
     "ClusterConfig",
     "MAX_LOCAL_RANKS",
     "Option",
+    "OptionOwner",
+    "OptionTable",
     "PRECISIONS",
     "Plan",
     "Scope",
     "cluster_options",
-    "describe",
-    "parser_arguments",
-    "load_profile",
-    "parse_hosts",
-    "plan",
-    "read_hostfile",
-    "requested",
+    "profiles_file",
 ]

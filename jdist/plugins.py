@@ -1,30 +1,41 @@
-"""Backends and launchers found by name, through entry points (seen by every process).
+"""Plugins found by name through entry points (seen by every process), and the one option table.
 
-Two entry-point groups, so that a package of your own adds a backend or a launcher without
-changing jdist (``pip install`` it into the environment of the kernel and of the ranks):
-
-``jdist.backends``
-    Each entry is a :class:`BackendSpec`: light metadata the kernel reads to check a
-    ``--backend`` before any rank starts (its name, the modules it needs, the fix when they
-    are missing, how its waiting stacks look), and the import path of its
-    :class:`jdist.rank.backends.Backend` class, which only the ranks import::
-
-        [project.entry-points."jdist.backends"]
-        deepspeed = "my_pkg.specs:DEEPSPEED"     # BackendSpec("deepspeed", "my_pkg.backend:DeepSpeedBackend", ...)
+A package of your own adds a plugin without changing jdist (``pip install`` it into the
+environment of the kernel and of the ranks), with one entry point:
 
 ``jdist.launchers``
-    Each entry is a :class:`jdist.kernel.launch.RankLauncher` class (kernel side)::
+    a :class:`jdist.kernel.launch.RankLauncher` class (kernel side): how ranks start. Its
+    ``options``, ``check`` and ``complete`` join the option table.
+``jdist.backends``
+    a :class:`BackendSpec`: light metadata the kernel reads to check a ``--backend`` before any
+    rank starts (its options, the modules it needs and the fix when they are missing, how its
+    waiting stacks look), and the import path of its :class:`jdist.rank.backends.Backend` class,
+    which only the ranks import.
+``jdist.sinks``
+    a :class:`SinkSpec`: a destination for a cell's records (like ``--tensorboard``), with the
+    cell options that turn it on.
+``jdist.metrics``
+    a :class:`MetricSpec`: automatic metrics (names and meanings) and the rank-side source that
+    measures them.
+``jdist.panels``
+    a dashboard panel: a function of a :class:`jdist.metrics.Run` returning a
+    :class:`jdist.metrics.panels.LineDef` or a :class:`~jdist.protocol.BarPanel`.
 
-        [project.entry-points."jdist.launchers"]
-        slurm = "my_pkg.launch:SlurmLauncher"
+::
 
-jdist's own backends and launchers are registered the same way (pyproject.toml).
+    [project.entry-points."jdist.backends"]
+    deepspeed = "my_pkg.specs:DEEPSPEED"     # BackendSpec("deepspeed", "my_pkg.backend:DeepSpeedBackend", ...)
+
+jdist's own plugins are registered the same way (pyproject.toml). :func:`option_table` is every
+``%%distributed`` option: jdist's own (:mod:`jdist.options`) and each installed plugin's.
 
 Example:
     >>> available_backends()
     ['ddp', 'fsdp', 'horovod']
     >>> backend_spec("ddp").factory
     'jdist.rank.backends.ddp:DDPBackend'
+    >>> option_table().option("hosts").flag
+    '--hosts'
 """
 
 from __future__ import annotations
@@ -34,12 +45,37 @@ import importlib.util
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Callable
 
+from jdist.options import ClusterConfig, Option, OptionOwner, OptionTable, Scope
 from jdist.stacks import COLLECTIVE_PATHS
 
 BACKENDS_GROUP = "jdist.backends"
 LAUNCHERS_GROUP = "jdist.launchers"
+SINKS_GROUP = "jdist.sinks"
+METRICS_GROUP = "jdist.metrics"
+PANELS_GROUP = "jdist.panels"
+
+
+@cache
+def _entry_points(group: str) -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def load_object(path: str) -> Any:
+    """The object at ``"package.module:name"``."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _missing(requires: tuple[str, ...]) -> list[str]:
+    def found(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ValueError:  # in sys.modules as None: blocked
+            return False
+
+    return [m for m in requires if not found(m)]
 
 
 @dataclass(frozen=True)
@@ -47,9 +83,11 @@ class BackendSpec:
     """A training backend as the kernel sees it (nothing here imports torch).
 
     ``factory``: ``"module:Class"`` of its :class:`jdist.rank.backends.Backend` (imported on
-    the ranks). ``requires``: modules that must be importable, checked before any rank
-    starts; ``install_hint``: the fix when one is missing. ``backward_waits``: a backward pass
-    waits for other ranks (gradients are all-reduced inside it); ``collective_paths``: path
+    the ranks). ``options``: its own ``%%distributed`` options (their values reach the backend
+    as ``ctx.options``); ``check(config)``: ValueError with the fix for settings it cannot run.
+    ``requires``: modules that must be importable, checked before any rank starts;
+    ``install_hint``: the fix when one is missing. ``backward_waits``: a backward pass waits
+    for other ranks (gradients are all-reduced inside it); ``collective_paths``: path
     fragments of the frames in which a rank waits for the others (hang detection, releases);
     ``spins``: a rank blocked in a collective still keeps a core busy (Horovod's MPI thread
     polls), so the hang watchdog cannot use its process's CPU time as evidence.
@@ -63,6 +101,8 @@ class BackendSpec:
     backward_waits: bool = False
     collective_paths: tuple[str, ...] = COLLECTIVE_PATHS
     spins: bool = False
+    options: tuple[Option, ...] = ()
+    check: Callable[[ClusterConfig], None] | None = None
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run in this environment (with the fix), or None.
@@ -70,7 +110,7 @@ class BackendSpec:
         >>> BackendSpec("x", "m:C", requires=("no_such_module_here",), install_hint="pip install it").unavailable()
         'pip install it'
         """
-        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        missing = _missing(self.requires)
         if not missing:
             return None
         return self.install_hint or f"--backend {self.name} needs {', '.join(missing)}; install it in this environment."
@@ -79,11 +119,58 @@ class BackendSpec:
         """The backend class (on the ranks)."""
         return load_object(self.factory)
 
+    def owner(self) -> OptionOwner:
+        return OptionOwner("backend", self.name, self.options, self.check)
 
-def load_object(path: str) -> Any:
-    """The object at ``"package.module:name"``."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A destination for a cell's records, on in the cells that give one of its ``options``
+    (cell scope). ``factory``: ``"module:function"`` (kernel side), called with the run and the
+    cell's :class:`~jdist.options.CellOptions`; returns a :class:`jdist.kernel.sinks.RecordSink`,
+    or None when this cell did not ask for it. ``requires``/``install_hint``: as for backends,
+    checked before the cell runs.
+    """
+
+    name: str
+    factory: str
+    options: tuple[Option, ...]
+    help: str = ""
+    requires: tuple[str, ...] = ()
+    install_hint: str = ""
+
+    def unavailable(self) -> str | None:
+        """Why this sink cannot run here (with the fix), or None."""
+        missing = _missing(self.requires)
+        if not missing:
+            return None
+        flags = "/".join(o.flag for o in self.options)
+        return self.install_hint or f"{flags} needs {', '.join(missing)}; install it in this environment."
+
+    def wanted(self, opts: Any) -> bool:
+        """Whether this cell's options turn it on."""
+        return any(getattr(opts, o.name) not in (None, False, o.default) for o in self.options)
+
+    def load(self) -> Callable[..., Any]:
+        return load_object(self.factory)
+
+    def owner(self) -> OptionOwner:
+        return OptionOwner("sink", self.name, self.options)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Automatic metrics from a package: their names and meanings (``metrics``, in the order its
+    source sets them), and ``factory``: ``"module:Class"`` of the
+    :class:`jdist.rank.sources.MetricSource` that measures them on the ranks (imported there only).
+    """
+
+    name: str
+    factory: str
+    metrics: tuple[tuple[str, str], ...]
+
+    def load(self) -> type:
+        return load_object(self.factory)
 
 
 HOROVOD_INSTALL_HINT = (
@@ -103,17 +190,20 @@ HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", r
                       help="Horovod DistributedOptimizer over the ranks' MPI world")
 
 
+def _load_specs(group: str, kind: type) -> dict[str, Any]:
+    specs = {}
+    for name, ep in _entry_points(group).items():
+        spec = ep.load()
+        if not isinstance(spec, kind) or spec.name != name:
+            raise TypeError(f"entry point {name} = {ep.value} in group {group} must be a {kind.__name__} named {name!r}")
+        specs[name] = spec
+    return specs
+
+
 @cache
 def backend_specs() -> dict[str, BackendSpec]:
     """Every backend installed in this environment, by name."""
-    specs = {}
-    for ep in entry_points(group=BACKENDS_GROUP):
-        spec = ep.load()
-        if not isinstance(spec, BackendSpec) or spec.name != ep.name:
-            raise TypeError(f"entry point {ep.name} = {ep.value} in group {BACKENDS_GROUP} must be a "
-                            f"BackendSpec named {ep.name!r}")
-        specs[ep.name] = spec
-    return specs
+    return _load_specs(BACKENDS_GROUP, BackendSpec)
 
 
 def available_backends() -> list[str]:
@@ -137,22 +227,55 @@ def backend_spec(name: str) -> BackendSpec:
         ) from None
 
 
-@cache
-def _launcher_entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=LAUNCHERS_GROUP)}
-
-
 def available_launchers() -> list[str]:
     """Names accepted by ``--launcher``, sorted."""
-    return sorted(_launcher_entry_points())
+    return sorted(_entry_points(LAUNCHERS_GROUP))
 
 
 def launcher_class(name: str) -> type:
     """The launcher class called ``name`` (kernel side); a ValueError naming the choices otherwise."""
     try:
-        ep = _launcher_entry_points()[name]
+        ep = _entry_points(LAUNCHERS_GROUP)[name]
     except KeyError:
         raise ValueError(
             f"Unknown launcher {name!r}. Use --launcher with one of: {', '.join(available_launchers())}."
         ) from None
     return ep.load()
+
+
+@cache
+def sink_specs() -> dict[str, SinkSpec]:
+    """Every record sink plugin installed here, by name (kernel side)."""
+    return _load_specs(SINKS_GROUP, SinkSpec)
+
+
+@cache
+def metric_specs() -> tuple[MetricSpec, ...]:
+    """The automatic metrics of installed plugins, in entry-point name order."""
+    specs = _load_specs(METRICS_GROUP, MetricSpec)
+    return tuple(specs[name] for name in sorted(specs))
+
+
+@cache
+def panel_plugins() -> tuple[Callable[[Any], Any], ...]:
+    """The dashboard panels of installed plugins (after jdist's own), in entry-point name order."""
+    eps = _entry_points(PANELS_GROUP)
+    return tuple(eps[name].load() for name in sorted(eps))
+
+
+@cache
+def option_table() -> OptionTable:
+    """Every ``%%distributed`` option: jdist's own, then each installed launcher's, backend's and
+    sink's (kernel side: it imports the launcher classes)."""
+    owners: list[OptionOwner] = []
+    for name in available_launchers():
+        cls = launcher_class(name)
+        if getattr(cls, "name", None) != name:
+            raise TypeError(f"entry point {name} in group {LAUNCHERS_GROUP} must be a launcher class named {name!r}")
+        owners.append(OptionOwner("launcher", name, tuple(cls.options), cls.check, cls.complete))
+    owners += [spec.owner() for spec in backend_specs().values()]
+    for spec in sink_specs().values():
+        if any(o.scope is not Scope.CELL for o in spec.options):
+            raise TypeError(f"sink {spec.name!r}: its options must have cell scope (Scope.CELL)")
+        owners.append(spec.owner())
+    return OptionTable(owners)

@@ -19,10 +19,10 @@ kernel -> browser      the live dashboard widget: new points       :class:`LiveP
                        (widget state)
 =====================  ==========================================  =============================
 
-Wire shapes are ``TypedDict`` s (plain JSON-able dicts). The TypeScript side's types are
-generated from the REST and widget models (:func:`typescript`, written to
-``labextension/src/protocol.ts`` by ``tools/gen_protocol_ts.py``); a test regenerates them
-and fails when the committed file differs.
+Wire shapes are ``TypedDict`` s (plain JSON-able dicts); nothing else lives here. A rank's data
+messages travel pickled (:mod:`jdist.codec`). The TypeScript side's types are generated from
+the REST and widget models listed in :data:`REST_MODELS` (``tools/gen_protocol_ts.py`` writes
+``labextension/src/protocol.ts``; a test fails when the committed file differs).
 
 Functions the kernel runs on the ranks are named by :class:`RankCall`, so the kernel never
 imports the rank runtime to send a call::
@@ -34,15 +34,10 @@ imports the rank runtime to send a call::
 from __future__ import annotations
 
 import importlib
-import os
-import pickle
-import types
-import typing
-from pathlib import Path
 from typing import Any, Literal, TypedDict, Union
 
 #: Bumped when a message changes incompatibly; kernel and ranks must agree (checked at start).
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: Key under which data messages travel in ipyparallel's ``data_pub``.
 DATA_KEY = "jdist"
 #: Key under which a remote rank's guard sends its sample (:class:`jdist.stacks.Sample` text) to
@@ -60,21 +55,6 @@ def sample_parent_id(rank: int) -> str:
     return f"jdist-sample-{rank}"
 
 
-def encode_data(message: Any) -> bytes:
-    """A rank's message as it travels in ``data_pub``: one pickle (ipyparallel would otherwise
-    walk every record's every value on the rank and again in the kernel).
-
-    >>> decode_data(encode_data({"kind": "progress", "cell": 1}))
-    {'kind': 'progress', 'cell': 1}
-    """
-    return pickle.dumps(message, protocol=5)
-
-
-def decode_data(payload: Any) -> Any:
-    """The message :func:`encode_data` made (from the ranks of this cluster, which ipyparallel
-    already trusts with pickles: its messages are signed)."""
-    return pickle.loads(payload) if isinstance(payload, (bytes, bytearray, memoryview)) else payload
-
 # -- kernel <-> ranks ----------------------------------------------------------------------------
 
 
@@ -86,25 +66,36 @@ class Owner(TypedDict):
     controller: list[float]  # [pid, create_time] of the ipyparallel controller
 
 
+class NetworkPlan(TypedDict):
+    """How ranks that may run on other hosts than the kernel's find each other (a remote
+    launcher's :meth:`~jdist.kernel.launch.RankLauncher.network`). ``controller_ip``: the
+    address the controller listens on (rank 0's route to it picks the process group's address);
+    ``ip``/``iface``: the user's choice of address or interface, if any."""
+
+    controller_ip: str
+    ip: str | None
+    iface: str | None
+
+
 class SetupConfig(TypedDict):
     """What ``jdist.rank.rpc.setup`` receives on every rank."""
 
     backend: str
     gpus: bool
     timeout: float
-    threads: int | None
-    precision: str
+    port: int | None
+    #: The values of the options the ranks apply (``applied_by="ranks"``: --precision, --threads)
+    #: and of the backend's own options, by name (jdist.options).
+    options: dict[str, Any]
     work_dir: str | None
     owner: Owner | None
-    port: int | None
     cluster_id: str  # the ranks' TORCHELASTIC_RUN_ID
-    #: Ranks started on other hosts (--hosts, --slurm): no file of the kernel's host is used, and
-    #: samples go back over IOPub. ``ip``/``iface``: the user's --ip/--iface; ``controller_ip``:
-    #: the address the controller listens on (rank 0 reaches the kernel's host through it).
-    remote: bool
-    ip: str | None
-    iface: str | None
-    controller_ip: str
+    #: None: every rank runs on the kernel's host. Else the ranks may run on other hosts: no file
+    #: of the kernel's host is used, and samples go back over IOPub.
+    network: NetworkPlan | None
+    #: Environment variables each rank reports back (``RankInfo.launcher``): what its launcher
+    #: needs to know of the rank (e.g. the Slurm job step).
+    report_env: list[str]
 
 
 class RankInfo(TypedDict):
@@ -121,7 +112,7 @@ class RankInfo(TypedDict):
     main_thread: int
     protocol: int
     jdist: str
-    slurm_step: str | None  # "<job>.<step>" when Slurm started the rank
+    launcher: dict[str, str | None]  # the SetupConfig's report_env, as this rank's environment has them
 
 
 #: One metric record: ``rank``, ``cell``, ``seq``, ``step``, ``time``, the automatic metrics of
@@ -237,16 +228,7 @@ class RankEntry(RankInfo):
 
 
 #: Version of the cluster state file; readers skip other versions.
-STATE_VERSION = 2
-
-
-def clusters_dir(runtime_dir: str | os.PathLike | None = None) -> Path:
-    """Where cluster state files go: ``<runtime dir>/jdist/clusters`` (default: ``jupyter_runtime_dir()``)."""
-    if runtime_dir is None:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        runtime_dir = jupyter_runtime_dir()
-    return Path(runtime_dir) / "jdist" / "clusters"
+STATE_VERSION = 3
 
 
 class ClusterState(TypedDict):
@@ -263,6 +245,7 @@ class ClusterState(TypedDict):
     client_file: str
     cluster_file: str
     config: dict[str, Any]
+    options: list[OptionModel]  # the config's options as the sidebar lists them (described by the kernel)
     ranks: list[RankEntry]
     started_at: float
     written_at: float
@@ -341,13 +324,17 @@ class ClustersReply(TypedDict):
     clusters: list[ClusterModel]
 
 
-#: ``[steps, values]``
-Series = tuple[list[float], list[Union[float, None]]]
+class SparkModel(TypedDict):
+    """One sparkline of a run in the sidebar's list: a panel's (``jdist.metrics.panels.Spark``).
+    ``unit``: ``"s"`` for seconds (written as ms), else ``""``; ``last``: the newest value."""
 
-
-class Sparks(TypedDict):
-    loss: Series
-    step_time: Series
+    key: str
+    label: str
+    color: str
+    unit: str
+    x: list[float]
+    y: list[float | None]
+    last: float | None
 
 
 class RunHeadModel(TypedDict):
@@ -367,10 +354,7 @@ class RunHeadModel(TypedDict):
 
 
 class RunSummaryModel(RunHeadModel):
-    loss_name: str | None
-    last_loss: float | None
-    last_step_time_s: float | None
-    spark: Sparks
+    sparks: list[SparkModel]
 
 
 class RunsReply(TypedDict):
@@ -467,64 +451,10 @@ class DashboardHead(TypedDict):
 
 #: The REST models, in the order the TypeScript file declares them.
 REST_MODELS: tuple[Any, ...] = (
-    RankModel, OptionModel, ClusterModel, ClustersReply, Sparks, RunHeadModel, RunSummaryModel, RunsReply,
+    RankModel, OptionModel, ClusterModel, ClustersReply, SparkModel, RunHeadModel, RunSummaryModel, RunsReply,
     LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead,
 )
 #: Type aliases of the REST models: (TypeScript name, Python type).
 REST_ALIASES: tuple[tuple[str, Any], ...] = (
-    ("RankState", RankStateName), ("ClusterStatus", ClusterStatus), ("Series", Series), ("Panel", Panel),
+    ("RankState", RankStateName), ("ClusterStatus", ClusterStatus), ("Panel", Panel),
 )
-
-
-def _ts_name(tp: Any) -> str:
-    return "I" + tp.__name__.removesuffix("Model")
-
-
-def _ts_type(tp: Any, aliases: dict[Any, str]) -> str:
-    if tp in aliases:
-        return aliases[tp]
-    if tp is type(None):
-        return "null"
-    if tp in (int, float):
-        return "number"
-    if tp is str:
-        return "string"
-    if tp is bool:
-        return "boolean"
-    if tp is Any:
-        return "any"
-    if typing.is_typeddict(tp):
-        return _ts_name(tp)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (Union, types.UnionType):
-        parts = [_ts_type(a, aliases) for a in args]
-        return " | ".join(parts)
-    if origin is list:
-        inner = _ts_type(args[0], aliases)
-        return f"({inner})[]" if " | " in inner else f"{inner}[]"
-    if origin is tuple:
-        return "[" + ", ".join(_ts_type(a, aliases) for a in args) + "]"
-    if origin is dict:
-        return f"Record<string, {_ts_type(args[1], aliases)}>"
-    raise TypeError(f"no TypeScript type for {tp!r}")
-
-
-def typescript() -> str:
-    """The TypeScript declarations of the REST models (``labextension/src/protocol.ts``)."""
-    aliases = {tp: name for name, tp in REST_ALIASES}
-    out = [
-        "/**",
-        " * The jdist server extension's REST models. GENERATED from jdist/protocol.py by",
-        " * tools/gen_protocol_ts.py: do not edit (tests/test_protocol.py checks it is current).",
-        " */",
-        "",
-    ]
-    for name, tp in REST_ALIASES:
-        out += [f"export type {name} = {_ts_type(tp, {k: v for k, v in aliases.items() if k is not tp})};", ""]
-    for model in REST_MODELS:  # flattened: TypedDict inheritance is not kept at run time
-        out.append(f"export interface {_ts_name(model)} {{")
-        out += [f"  {field}: {_ts_type(tp, aliases)};" for field, tp in typing.get_type_hints(model).items()]
-        out += ["}", ""]
-    return "\n".join(out)

@@ -38,6 +38,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
 
 
+#: Programs a test outside the ``cluster`` tier must not start (make test-fast stays fast and local).
+CLUSTER_PROGRAMS = ("mpiexec", "torchrun", "srun", "salloc", "ipcontroller", "ipengine", "jupyter", "chromium")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked ``cluster`` that starts an MPI job, torchrun, Slurm, a Jupyter server or a
+    browser fails at once, naming the marker it needs."""
+    if request.node.get_closest_marker("cluster") is not None:
+        return
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+
+    def init(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        program = os.path.basename(str(argv[0])) if argv else ""
+        if program.startswith(CLUSTER_PROGRAMS):
+            raise AssertionError(f"{request.node.nodeid} starts {program}: mark it @pytest.mark.cluster "
+                                 "(make test-fast runs no clusters).")
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", init)
+
+
 def wait_for(predicate: Any, timeout: float = 60, interval: float = 0.05, what: str = "condition") -> Any:
     """Poll ``predicate()`` until it returns something truthy (returned); AssertionError after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -106,10 +131,10 @@ class KernelSession:
         """Send a cell without waiting (for interrupt tests); returns the msg id."""
         return self.kc.execute(code)
 
-    def wait_for_stdout(self, msg_id: str, text: str, timeout: float = 60) -> CellOutput:
-        """Read the output of a cell sent with :meth:`start` until its stdout contains ``text``;
-        :meth:`collect` then goes on from there (with the output so far)."""
-        self._partial = self._read(msg_id, timeout, until=lambda out: text in out.stdout)
+    def wait_for_stdout(self, msg_id: str, *texts: str, timeout: float = 60) -> CellOutput:
+        """Read the output of a cell sent with :meth:`start` until its stdout contains every one of
+        ``texts``; :meth:`collect` then goes on from there (with the output so far)."""
+        self._partial = self._read(msg_id, timeout, until=lambda out: all(t in out.stdout for t in texts))
         return self._partial
 
     def collect(self, msg_id: str, timeout: float) -> CellOutput:

@@ -490,8 +490,8 @@ def test_a_new_panel_is_one_function(monkeypatch):
     import jdist.metrics.panels as pn
 
     def grad_norm(run):
-        return pn.LineDef(key="grad", title="gradient norm", name="norm", color=GREEN, metric="loss",
-                          point=lambda step, values, prev: (max(values.values()), None, None))
+        return pn.LineDef(key="grad", title="gradient norm", series=(pn.SeriesDef(
+            name="norm", color=GREEN, metric="loss", point=lambda step, values, prev: (max(values.values()), None, None)),))
 
     monkeypatch.setattr(pn, "PANELS", (*pn.PANELS, grad_norm))
     run = make_run()

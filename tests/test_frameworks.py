@@ -69,6 +69,7 @@ def test_pytorch_ddp_tutorial_script_runs_unchanged_via_run(fw, tmp_path):
     fw.run(f"%%distributed\nos.chdir({os.getcwd()!r})")
 
 
+@pytest.mark.cluster  # two torchrun workers
 def test_the_same_script_under_torchrun(tmp_path):
     """What the %run test is compared with: the script is a real torchrun script."""
     shutil.copy(TUTORIAL, tmp_path / "train.py")

@@ -14,7 +14,11 @@ import pytest
 
 from jdist.errors import ClusterError
 from jdist.kernel.launch.remote import REMOTE_WRAPPER, SlurmLauncher, SSHLauncher
-from jdist.options import ClusterConfig
+from jdist.plugins import option_table
+
+
+def config(**values):
+    return option_table().config(values)
 
 
 def wrapped(tmp_path: Path, code: str, rank: int = 3) -> subprocess.CompletedProcess:
@@ -40,8 +44,8 @@ def test_the_shell_reports_a_normal_exit(tmp_path):
 
 
 def launcher_with_output(tmp_path: Path, text: bytes) -> tuple[SSHLauncher, subprocess.Popen]:
-    config = ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh")
-    launcher = SSHLauncher(config, tmp_path)
+    cfg = config(n=2, hosts="a:1,b:1", launcher="ssh")
+    launcher = SSHLauncher(cfg, tmp_path)
     out = tmp_path / "launcher.out"
     out.write_bytes(text)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -77,7 +81,7 @@ def test_a_launcher_that_ended_means_every_rank_ended(tmp_path):
 
 def test_no_slurm_is_one_line_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    launcher = SlurmLauncher(ClusterConfig(n=2, slurm="", launcher="slurm"), tmp_path)
+    launcher = SlurmLauncher(config(n=2, slurm="", launcher="slurm"), tmp_path)
     with pytest.raises(ClusterError, match=r"--slurm: srun is not on PATH here; run the kernel on a Slurm login node"):
         launcher.probe()
 
@@ -87,13 +91,13 @@ def test_no_slurm_is_one_line_with_the_fix(tmp_path, monkeypatch):
     (dict(iface="nosuch0"), "--iface nosuch0: no such interface"),
 ])
 def test_the_address_options_are_checked_against_this_machine(tmp_path, extra, says):
-    launcher = SSHLauncher(ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh", **extra), tmp_path)
+    launcher = SSHLauncher(config(n=2, hosts="a:1,b:1", launcher="ssh", **extra), tmp_path)
     with pytest.raises(ClusterError, match=says):
         launcher.choose_address()
 
 
 def test_a_host_on_this_machine_needs_no_ssh(tmp_path):
-    launcher = SSHLauncher(ClusterConfig(n=2, hosts="localhost:2", launcher="ssh"), tmp_path)
+    launcher = SSHLauncher(config(n=2, hosts="localhost:2", launcher="ssh"), tmp_path)
     assert launcher.choose_address() == "127.0.0.1" and not launcher.spans_other_hosts()
 
 
@@ -105,7 +109,7 @@ def answers(**hosts: str):
 
 
 def test_host_checks_name_each_problem_in_one_line(tmp_path):
-    launcher = SSHLauncher(ClusterConfig(n=4, gpus=True, hosts="a:2,b:2", launcher="ssh"), tmp_path)
+    launcher = SSHLauncher(config(n=4, gpus=True, hosts="a:2,b:2", launcher="ssh"), tmp_path)
     ok = "missing=\nshared=True\ngpus=2\n"
     launcher.check_hosts(["a", "b"], answers(a=ok, b=ok), {"a": 2, "b": 2})
     with pytest.raises(ClusterError) as err:
@@ -119,7 +123,7 @@ def test_host_checks_name_each_problem_in_one_line(tmp_path):
 
 
 def test_a_host_without_this_python_is_named_with_the_fix(tmp_path):
-    launcher = SSHLauncher(ClusterConfig(n=2, hosts="a:1,b:1", launcher="ssh"), tmp_path)
+    launcher = SSHLauncher(config(n=2, hosts="a:1,b:1", launcher="ssh"), tmp_path)
 
     def run(host: str, argv: list[str]) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 127, stdout="", stderr=f"sh: 1: {argv[0]}: not found\n")

@@ -166,7 +166,8 @@ def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
     where = check_training(login, 4)
     assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node1", 1), (2, "node2", 0),
                                                        (3, "node2", 1)]
-    assert login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ranks[0]['slurm_step']")
+    # the job step came back from the ranks (RankInfo["launcher"]) to the launcher, which cancels it if need be
+    assert login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().launcher.step")
     t0 = time.perf_counter()
     login.run("%dist stop")
     stop_s = time.perf_counter() - t0
@@ -228,14 +229,29 @@ def test_a_hang_across_hosts_names_each_rank_and_stacks_come_over_the_network(be
     _hang_and_stacks(bed, login)
 
 
+#: Cell code (indented for an ``if`` block): a thread that prints "blocked in all_reduce" once the
+#: main thread's stack is inside torch.distributed's all_reduce.
+TELL_WHEN_BLOCKED = (
+    "    import sys, threading\n"
+    "    def _tell(main=threading.main_thread().ident):\n"
+    "        while True:\n"
+    "            f, names = sys._current_frames().get(main), []\n"
+    "            while f is not None: names.append(f.f_code.co_name); f = f.f_back\n"
+    "            if 'all_reduce' in names: print('blocked in all_reduce', flush=True); return\n"
+    "            time.sleep(0.01)\n"
+    "    threading.Thread(target=_tell, daemon=True).start()\n"
+)
+
+
 def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
     login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\n"
               "import torch.distributed as dist\ncounter = 0")
-    msg = login.start("%%distributed --output all\nif rank == 1:\n    dist.all_reduce(torch.ones(1))\n"
+    msg = login.start("%%distributed --output all\nif rank == 1:\n" + TELL_WHEN_BLOCKED +
+                      "    dist.all_reduce(torch.ones(1))\n"
                       "while True:\n    counter += 1\n    if counter == 20: print('looping', flush=True)\n"
                       "    time.sleep(0.01)")
-    login.wait_for_stdout(msg, "[rank 0] looping")
-    time.sleep(1.0)  # rank 1 (node2) waits in the all_reduce by now
+    # rank 1 (node2) says it waits in the all_reduce, from its own stack; rank 0 loops
+    login.wait_for_stdout(msg, "[rank 1] blocked in all_reduce", "[rank 0] looping")
     login.km.interrupt_kernel()
     out = login.collect(msg, timeout=100)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
@@ -411,7 +427,7 @@ def test_slurm_inside_an_allocation_is_a_job_step_of_it(bed):
         k.run("%%distributed --slurm -n 2 --timeout 30\nimport os\n" + TRAIN, timeout=240)
         where = check_training(k, 2)
         assert [(r, h) for r, h, *_ in where] == [(0, "node1"), (1, "node2")]
-        step = k.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ranks[0]['slurm_step']")
+        step = k.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().launcher.step")
         assert step.startswith(f"{job}.")
         k.run("%dist stop")
         wait_for(lambda: step not in on_node(bed, "node1", f"squeue -h -s -j {job} -o %i").split(), timeout=15,

@@ -27,8 +27,9 @@ from labserver import REPO, JupyterServerProcess
 
 from jdist.metrics import Run, RunLog
 from jdist.procs import identity
-from jdist.protocol import STATE_VERSION, clusters_dir
-from jdist.server.manager import ActionError, JdistManager, wait_for_reply
+from jdist.paths import clusters_dir
+from jdist.protocol import STATE_VERSION
+from jdist.server.manager import ActionError, JdistManager
 from jdist.server.registry import is_stale, read_folder
 
 API = "/jdist/api"
@@ -144,7 +145,9 @@ def test_runs_from_the_run_log_with_lost_status(server):
                         for s in range(5) for r in range(2)]))
     listed = {r["run_id"]: r for r in runs(server, )}
     assert listed[run.run_id]["status"] == "lost"
-    assert listed[run.run_id]["spark"]["loss"][0] == [0, 1, 2, 3, 4]
+    sparks = {s["key"]: s for s in listed[run.run_id]["sparks"]}  # one per panel that has a sparkline
+    assert list(sparks) == ["loss", "time"] and sparks["loss"]["x"] == [0, 1, 2, 3, 4]
+    assert sparks["loss"]["last"] == pytest.approx((1 / 5 + 1 / 6) / 2) and sparks["time"]["unit"] == "s"
     detail = server.get(f"{API}/runs/{run.run_id}")
     assert detail["status"] == "lost" and detail["steps_done"] == 5 and detail["total_steps"] == 10
     panels = {p["key"]: p for p in detail["panels"]}
@@ -191,7 +194,7 @@ def test_busy_ranks_live_run_and_interrupt_through_the_kernel(server, session):
     run = wait_for(lambda: next((r for r in runs(server) if r["status"] == "running" and r["records"] > 20), None),
                    what="a running run")
     assert run["cluster_id"] == c["cluster_id"] and run["notebook"] == "work/train.ipynb"
-    first = len(run["spark"]["loss"][1])
+    first = len(next(s for s in run["sparks"] if s["key"] == "loss")["y"])
     grown = wait_for(lambda: next(r for r in runs(server) if r["run_id"] == run["run_id"])["records"] > run["records"] + 20,
                      what="more records")
     assert grown
@@ -384,28 +387,3 @@ def test_runs_are_read_safely_while_other_threads_update_them(tmp_path):
         log.close()
     assert not errors, f"{len(errors)} error(s), first: {errors[0]!r}"
     assert calls["list"] and calls["detail"], calls  # the readers did run alongside the writer
-
-
-def test_waiting_for_a_kernel_reply_stops_at_once_when_the_channel_breaks():
-    """A closed channel used to be polled until the deadline (a busy loop on the server's event loop)."""
-    import queue
-
-    asked = []
-
-    async def closed(timeout: float):
-        asked.append(timeout)
-        raise RuntimeError("the channel is closed")
-
-    async def replies(timeout: float):
-        asked.append(timeout)
-        if len(asked) < 3:
-            raise queue.Empty  # nothing yet: ask again
-        return {"parent_header": {"msg_id": "m1"}, "content": {"status": "ok"}}
-
-    with pytest.raises(RuntimeError, match="closed"):
-        asyncio.run(wait_for_reply(closed, "m1", time.monotonic() + 600))
-    assert len(asked) == 1  # not asked again until the deadline
-    asked.clear()
-    assert asyncio.run(wait_for_reply(replies, "m1", time.monotonic() + 600))["content"]["status"] == "ok"
-    assert len(asked) == 3
-    assert asyncio.run(wait_for_reply(replies, "m1", time.monotonic() - 1)) is None  # the deadline passed

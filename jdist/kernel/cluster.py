@@ -4,7 +4,9 @@
 start the engines (local MPI by default), waits for them with progress feedback and runs
 ``setup`` on every rank (MPI rank, device, backend process group). It keeps the rank map, the
 set-up cells that ``%dist restart`` replays and the checkpoint it restores. Everything about
-rank processes (deaths, stacks) goes through the launcher. One cluster per kernel: :func:`current`.
+rank processes (deaths, stacks) goes through the launcher. What ``%dist restart`` brings back is
+its :class:`~jdist.kernel.recovery.RecoveryLog` (``cluster.recovery``). One cluster per kernel:
+:func:`current`.
 
 Example:
     >>> from jdist.options import ClusterConfig
@@ -17,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import os
 import shutil
@@ -26,47 +27,20 @@ import socket
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jdist.controller import engine_states
 from jdist.errors import ClusterError
 from jdist.options import ClusterConfig
-from jdist.plugins import launcher_class
+from jdist.plugins import launcher_class, option_table
 from jdist.protocol import PROTOCOL_VERSION, RankCall, RankInfo, SetupConfig
 from jdist.stacks import Frame, Sample
+from jdist.waiting import poll_until
 
 from . import statefile
 from .launch import RankDeath, RankLauncher
-
-
-@dataclass(frozen=True)
-class SetupCell:
-    """A cell that ended without error and logged nothing: ``%dist restart`` replays it."""
-
-    code: str
-    ranks: list[int] | None
-
-
-@dataclass(frozen=True)
-class Push:
-    """A ``%dist push``: replayed by ``%dist restart`` as well."""
-
-    name: str
-    value: Any
-    ranks: list[int] | None
-
-
-@dataclass
-class CheckpointPlan:
-    """The ranks' ``jdist.checkpoint_every`` settings and the newest checkpoint it saved."""
-
-    every: int
-    directory: str
-    keep: int | None
-    names: dict[str, str | None]
-    latest: dict[str, Any] | None = None
+from .recovery import RecoveryLog
 
 
 #: How often the controller pings each engine (ms). It registers an engine when it first hears its
@@ -90,7 +64,7 @@ class ClusterSession:
     """
 
     def __init__(self, config: ClusterConfig):
-        config.check()
+        option_table().check(config)
         self.config = config
         self.launcher: RankLauncher | None = None
         self.ipp: Any = None  # ipyparallel.Cluster
@@ -100,9 +74,8 @@ class ClusterSession:
         self.started_at: float | None = None
         self.state_file: Path | None = None
         self.work_dir: Path | None = None  # private (0700): process-group store, rank stack dumps
-        #: What %dist restart replays before restoring a checkpoint, in order.
-        self.history: list[SetupCell | Push] = []
-        self.checkpoint: CheckpointPlan | None = None
+        #: What %dist restart replays before restoring a checkpoint.
+        self.recovery = RecoveryLog()
         self._reaper: Any = None  # the reaper process (ranks on other hosts)
         self._reaper_plan: Path | None = None
 
@@ -126,7 +99,7 @@ class ClusterSession:
         say = progress or (lambda msg: None)
         n = self.config.n
         t0 = time.perf_counter()
-        self.history, self.checkpoint = [], None
+        self.recovery.take()  # new ranks: nothing of the old ones' to replay (recovery.restart took it first)
         self.work_dir = Path(tempfile.mkdtemp(prefix="jdist-"))  # mode 0700
         launcher = self.launcher = launcher_class(self.config.launcher)(self.config, self.work_dir)
         try:
@@ -188,27 +161,26 @@ class ClusterSession:
         reaper.write_plan(self._reaper_plan, os.getpid(), pids, self.launcher.cleanup_commands())
 
     def _wait_for_engines(self, say: Callable[[str], None], t0: float) -> None:
-        assert self.launcher is not None
-        n = self.config.n
-        deadline = time.monotonic() + self.config.start_timeout
-        last = -1
-        while True:
+        launcher, n = self.launcher, self.config.n
+        assert launcher is not None
+        seen = [-1]
+
+        def registered() -> bool:
             have = len(self.client.ids)
-            if have >= n:
-                return
-            if have != last:
+            if have < n and have != seen[0]:
                 say(f"  {have}/{n} ranks registered ({time.perf_counter() - t0:.1f} s)")
-                last = have
-            dead = self.launcher.exited_early()
+            seen[0] = have
+            dead = launcher.exited_early() if have < n else None
             if dead is not None:
-                raise ClusterError(f"{self.launcher.program} exited before all ranks registered ({have}/{n}). "
+                raise ClusterError(f"{launcher.program} exited before all ranks registered ({have}/{n}). "
                                    "Its output:", dead)
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"Only {have}/{n} ranks registered within {self.config.start_timeout:.0f} s. "
-                    "Try fewer ranks (-n), or a longer --start-timeout."
-                )
-            time.sleep(0.05)
+            return have >= n
+
+        if not poll_until(registered, self.config.start_timeout):
+            raise ClusterError(
+                f"Only {seen[0]}/{n} ranks registered within {self.config.start_timeout:.0f} s. "
+                "Try fewer ranks (-n), or a longer --start-timeout."
+            )
 
     def _setup_ranks(self) -> None:
         from jdist.procs import identity
@@ -218,16 +190,15 @@ class ClusterSession:
         view = self.client[engines]  # results come back in this order
         controller = identity(self.ipp.controller.process.pid)
         cfg = SetupConfig(
-            backend=self.config.backend, gpus=self.config.gpus, timeout=self.config.timeout,
-            threads=self.config.threads, precision=self.config.precision, port=self.config.port,
-            work_dir=str(self.work_dir), cluster_id=self.cluster_id or "jdist",
+            backend=self.config.backend, gpus=self.config.gpus, timeout=self.config.timeout, port=self.config.port,
+            options=option_table().rank_options(self.config), work_dir=str(self.work_dir),
+            cluster_id=self.cluster_id or "jdist",
             # local ranks end themselves (and the controller) if this process dies without stopping
             # them; with ranks on other hosts the reaper does (_start_reaper)
             owner=None if self.launcher.remote else {
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "controller": [controller["pid"], controller["create_time"]]},
-            remote=self.launcher.remote, ip=self.config.ip, iface=self.config.iface,
-            controller_ip=self.launcher.controller_ip,
+            network=self.launcher.network(), report_env=list(self.launcher.report_env),
         )
         ar = view.apply_async(RankCall("setup"), cfg)
         try:
@@ -280,7 +251,8 @@ class ClusterSession:
             # engines outlive their controller and take about 3 s more to exit
             cluster.stop_engines_sync()
             cluster.stop_controller_sync()
-            # the controller keeps an engine-id file per cluster id; ours are never reused
+            # the controller keeps an engine-id file per cluster id (ours are never reused) and never
+            # removes it: ipyparallel 9 defines Hub._cleanup_engine_state_file but calls it nowhere
             (Path(cluster.profile_dir) / "log" / f"engines{cluster.cluster_id}.json").unlink(missing_ok=True)
         if launcher is not None:
             launcher.stop()
@@ -356,19 +328,22 @@ class ClusterSession:
         return self.call("get_global", name, ranks=ranks)
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None) -> None:
-        """Set ``name`` to ``value`` in each rank's namespace."""
+        """Set ``name`` to ``value`` in each rank's namespace (``%dist restart`` pushes it again)."""
         self._require()[self.engine_ids(ranks)].push({name: value}, block=True)
+        self.recovery.note_push(name, value, list(ranks) if ranks is not None else None)
 
-    def apply_live(self, changes: dict[str, Any]) -> None:
+    def apply_live(self, changes: dict[str, Any]) -> list[str]:
         """Change live options (``jdist.options.Scope.LIVE``) on the running cluster: those the ranks
-        apply (``precision``, ``threads``) are sent to every rank; the config keeps them all."""
-        new = dataclasses.replace(self.config, **changes)
-        new.check()
-        if "precision" in changes:
-            self.call("set_precision", changes["precision"])
-        if "threads" in changes:
-            self.call("set_threads", changes["threads"])
+        apply (``applied_by="ranks"``) are sent to every rank at once; the config keeps them all.
+        Returns the lines the changes print (their options' ``message``)."""
+        table = option_table()
+        new = self.config.replace(**changes)
+        table.check(new)
+        on_ranks = {name: value for name, value in changes.items() if table.option(name).applied_by == "ranks"}
+        if on_ranks:
+            self.call("apply_options", on_ranks)
         self.config = new
+        return table.live_messages(changes)
 
     # -- faults ----------------------------------------------------------------------------
     def stacks(self, ranks: Sequence[int] | None = None, timeout: float = 2.0) -> dict[int, list[Frame]]:
@@ -405,7 +380,7 @@ class ClusterSession:
             state = "dead" if info["rank"] in dead else states.get(eid, "dead")
             ranks.append({**info, "engine_id": eid, "state": state})
         return {
-            "config": asdict(self.config),
+            "config": self.config.as_dict(),
             "uptime_s": time.time() - (self.started_at or time.time()),
             "cluster_id": self.cluster_id,
             "ranks": ranks,
@@ -425,4 +400,4 @@ def set_current(cluster: ClusterSession | None) -> None:
     _current = cluster
 
 
-__all__ = ["CheckpointPlan", "ClusterSession", "Push", "SetupCell", "current", "set_current"]
+__all__ = ["ClusterSession", "current", "set_current"]

@@ -1,9 +1,10 @@
 """IPython magics: ``%%distributed`` runs a cell on every rank; ``%dist`` manages the cluster.
 
-Thin: the arguments come from :mod:`jdist.options` (each option defined once, with its
-scope), the work from :mod:`jdist.kernel.cluster` (lifecycle), :mod:`jdist.kernel.supervise`
-(cell execution) and :mod:`jdist.kernel.recovery`. Bad input is one ``UsageError: ...`` line
-that names the fix; faults are jdist's own one-line errors (:mod:`jdist.errors`).
+Thin: the arguments come from the option table (:func:`jdist.plugins.option_table`: each option
+defined once, with its scope, by jdist or the plugin that owns it), the work from
+:mod:`jdist.kernel.cluster` (lifecycle), :mod:`jdist.kernel.supervise` (cell execution) and
+:mod:`jdist.kernel.recovery`. Bad input is one ``UsageError: ...`` line that names the fix;
+faults are jdist's own one-line errors (:mod:`jdist.errors`).
 """
 
 from __future__ import annotations
@@ -16,31 +17,15 @@ from typing import Any, Callable
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from jdist import options
 from jdist.errors import usage_error
-from jdist.plugins import backend_spec
+from jdist.options import CellOptions, OptionTable
+from jdist.plugins import backend_spec, option_table
 from jdist.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
 
 from . import cluster as cl
-from . import recovery
-from .cluster import Push, SetupCell
+from . import recovery, sinks
 from .probes import probe
 from .supervise import raise_for_result, run_cell
-
-
-def _check_trackers(args: Any) -> None:
-    """``--tensorboard``/``--mlflow`` without their library: one line naming the extra, before anything runs."""
-    import importlib.util
-
-    for flag, module in (("tensorboard", "tensorboard"), ("mlflow", "mlflow")):
-        if not getattr(args, flag):
-            continue
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ValueError:  # in sys.modules as None: blocked
-            found = False
-        if not found:
-            raise usage_error(f"--{flag} needs {module}: pip install 'jdist[tracking]' (then restart the kernel).")
 
 
 class CellSyntaxError(Exception):
@@ -88,17 +73,10 @@ def _say(msg: str) -> None:
 
 
 def _with_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``@argument`` for every option of :mod:`jdist.options`, in order (decorators apply bottom-up)."""
-    for flags, kwargs in reversed(options.parser_arguments()):
+    """``@argument`` for every option of the table, in order (decorators apply bottom-up)."""
+    for flags, kwargs in reversed(option_table().parser_arguments()):
         fn = argument(*flags, **kwargs)(fn)
     return magic_arguments()(fn)
-
-
-#: What a rank-side live option change prints (kernel-side ones apply silently).
-_LIVE_MESSAGES = {
-    "precision": "Precision is now {} on all ranks (prepared models included).",
-    "threads": "torch uses {} thread(s) per rank now.",
-}
 
 
 @magics_class
@@ -122,23 +100,23 @@ class DistributedMagics(Magics):
             model = jdist.prepare(torch.nn.Linear(8, 1))
         """
         args = parse_argstring(self.distributed, line)
+        table = option_table()
+        opts = table.cell_options(args)
         self._check_syntax(cell)
-        _check_trackers(args)
-        ranks = parse_targets(args.targets)
-        cluster = self._ensure_cluster(args)
+        problem = sinks.unavailable(opts)
+        if problem:
+            raise usage_error(problem)
+        ranks = parse_targets(opts.targets)
+        cluster = self._ensure_cluster(table, args, opts)
         try:
             cluster.engine_ids(ranks)
         except ValueError as exc:
             raise usage_error(f"--targets: {exc}") from None
-        result = run_cell(cluster, cell, ranks=ranks, output=args.output or "rank0",
-                          dashboard=not args.no_dashboard, run_dir=args.run_dir, tensorboard=args.tensorboard,
-                          mlflow=args.mlflow)
+        result = run_cell(cluster, cell, opts, ranks=ranks)
         notes = []
         if result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")
             notes.append(recovery.restart(cluster, _say))
-        elif result.ok and result.run is None:
-            cluster.history.append(SetupCell(cell, ranks))  # a set-up cell: replayed by %dist restart
         raise_for_result(result, cluster.config.n, notes)
 
     def _check_syntax(self, cell: str) -> None:
@@ -147,11 +125,11 @@ class DistributedMagics(Magics):
         except SyntaxError as err:
             raise CellSyntaxError(err) from None
 
-    def _ensure_cluster(self, args: Any) -> cl.ClusterSession:
+    def _ensure_cluster(self, table: OptionTable, args: Any, opts: CellOptions) -> cl.ClusterSession:
         running = cl.current()
         old = running.config if running is not None else None
         try:
-            plan = options.plan(options.requested(args), old, bool(args.restart))
+            plan = table.plan(table.requested(args), old, bool(opts.restart))
             if plan.action != "reuse":
                 probe(plan.config, old)
         except ValueError as exc:
@@ -159,17 +137,15 @@ class DistributedMagics(Magics):
         if plan.action == "reuse":
             assert running is not None
             if plan.live:
-                running.apply_live(plan.live)
-                for name, value in plan.live.items():
-                    if name in _LIVE_MESSAGES:
-                        _say(_LIVE_MESSAGES[name].format(value))
+                for message in running.apply_live(plan.live):
+                    _say(message)
             return running
         if running is not None:
             _say("Stopping the running cluster...")
             running.stop()
             cl.set_current(None)
         cluster = cl.ClusterSession(plan.config)
-        if not args.no_dashboard:
+        if not opts.no_dashboard:
             from .dashboard import preload
 
             threading.Thread(target=preload, name="jdist-preload", daemon=True).start()
@@ -232,9 +208,7 @@ class DistributedMagics(Magics):
     def _dist_push(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         if args.name not in self.shell.user_ns:
             raise usage_error(f"%dist push {args.name}: no variable {args.name!r} in the notebook.")
-        value = self.shell.user_ns[args.name]
-        cluster.push(args.name, value, ranks)
-        cluster.history.append(Push(args.name, value, ranks))
+        cluster.push(args.name, self.shell.user_ns[args.name], ranks)
         _say(f"Pushed {args.name} to {'rank ' + str(args.rank) if ranks else 'all ranks'}.")
 
     def _dist_pull(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:

@@ -1,11 +1,13 @@
-"""Where a run's records go in the kernel: one :class:`RecordSink` interface, three sinks.
+"""Where a run's records go in the kernel: one :class:`RecordSink` interface, four kinds of sink.
 
 The supervisor hands each new record to every sink of the cell's run: :class:`KernelRuns`
 (the kernel's recent runs in memory: ``jdist.last_run()``, ``jdist.runs()``), :class:`RunLogSink`
 (the run folder on disk, which the Jupyter server's sidebar reads) and :class:`DashboardSink`
-(the live dashboard under the cell), and on request :class:`TrackerSink` (TensorBoard with
-``--tensorboard DIR``, MLflow with ``--mlflow [URI]``: :mod:`jdist.metrics.export`). Another
-destination is one more sink in :func:`default_sinks`.
+(the live dashboard under the cell), and the sinks of installed sink plugins that the cell's
+options turn on (:class:`jdist.plugins.SinkSpec`, entry point group ``jdist.sinks``). jdist's own
+are :class:`TrackerSink` s: TensorBoard with ``--tensorboard DIR`` (:data:`TENSORBOARD`), MLflow
+with ``--mlflow [URI]`` (:data:`MLFLOW`), written by :mod:`jdist.metrics.export`. Another
+destination is one more :class:`~jdist.plugins.SinkSpec` with its cell option.
 
 Example:
     >>> from jdist.metrics import Run
@@ -24,6 +26,8 @@ from collections import deque
 from typing import Any, Callable, Protocol
 
 from jdist.metrics import Run, RunLog
+from jdist.options import CellOptions, Option, Scope
+from jdist.plugins import SinkSpec, sink_specs
 from jdist.protocol import Record
 
 #: How many runs the kernel keeps in memory (``jdist.runs()``); the run log on disk keeps every run.
@@ -190,23 +194,58 @@ class TrackerSink:
         self._guarded("finish", close)
 
 
-def tracker_sinks(tensorboard: str | None = None, mlflow: str | bool | None = None) -> list[RecordSink]:
-    """The sinks of ``--tensorboard DIR`` and ``--mlflow [URI]`` (``True``: MLflow's default store)."""
+TRACKING_HINT = "{flag} needs {module}: pip install 'jdist[tracking]' (then restart the kernel)."
+
+#: ``--tensorboard DIR``: the run, each rank and their mean, as TensorBoard event files while it runs.
+TENSORBOARD = SinkSpec(
+    "tensorboard", "jdist.kernel.sinks:tensorboard_sink",
+    options=(Option("tensorboard", ("--tensorboard",), "Also write this cell's run to TensorBoard while it runs, "
+                    "under DIR/<run id> (each rank and their mean; needs jdist[tracking]).", Scope.CELL, type=str,
+                    metavar="DIR"),),
+    requires=("tensorboard",), install_hint=TRACKING_HINT.format(flag="--tensorboard", module="tensorboard"),
+    help="TensorBoard event files")
+#: ``--mlflow [URI]``: the run, each rank and their mean, as an MLflow run while it runs.
+MLFLOW = SinkSpec(
+    "mlflow", "jdist.kernel.sinks:mlflow_sink",
+    options=(Option("mlflow", ("--mlflow",), "Also log this cell's run to MLflow while it runs: URI is a tracking "
+                    "store or server (default: MLflow's own, $MLFLOW_TRACKING_URI or sqlite:///mlflow.db; needs "
+                    "jdist[tracking]).", Scope.CELL, type=str, metavar="URI", const=True),),
+    requires=("mlflow",), install_hint=TRACKING_HINT.format(flag="--mlflow", module="mlflow"),
+    help="an MLflow run")
+
+
+def tensorboard_sink(run: Run, opts: CellOptions) -> RecordSink:
     from jdist.metrics import export
 
-    sinks: list[RecordSink] = []
-    if tensorboard:
-        sinks.append(TrackerSink("TensorBoard", lambda run: export.TensorBoardWriter(tensorboard, run)))
-    if mlflow:
-        uri = None if mlflow is True else str(mlflow)
-        sinks.append(TrackerSink("MLflow", lambda run: export.MLflowWriter(run, uri)))
-    return sinks
+    return TrackerSink("TensorBoard", lambda run: export.TensorBoardWriter(opts.tensorboard, run))
 
 
-def default_sinks(run: Run, dashboard: bool = True, run_dir: str | None = None, tensorboard: str | None = None,
-                  mlflow: str | bool | None = None) -> list[RecordSink]:
-    """The sinks of a ``%%distributed`` cell's run."""
-    sinks: list[RecordSink] = [KernelRuns(), RunLogSink(run_dir)]
-    if dashboard:
+def mlflow_sink(run: Run, opts: CellOptions) -> RecordSink:
+    from jdist.metrics import export
+
+    uri = None if opts.mlflow is True else str(opts.mlflow)
+    return TrackerSink("MLflow", lambda run: export.MLflowWriter(run, uri))
+
+
+def unavailable(opts: CellOptions) -> str | None:
+    """Why a sink this cell asks for cannot run here (the fix), checked before anything runs; or None."""
+    for spec in sink_specs().values():
+        if spec.wanted(opts):
+            problem = spec.unavailable()
+            if problem:
+                return problem
+    return None
+
+
+def default_sinks(run: Run, opts: CellOptions) -> list[RecordSink]:
+    """The sinks of a ``%%distributed`` cell's run: the kernel's runs, the run log, the dashboard
+    (unless ``--no-dashboard``), then each sink plugin's that the cell's options turn on."""
+    sinks: list[RecordSink] = [KernelRuns(), RunLogSink(opts.run_dir)]
+    if not opts.no_dashboard:
         sinks.append(DashboardSink())
-    return sinks + tracker_sinks(tensorboard, mlflow)
+    for spec in sink_specs().values():
+        if spec.wanted(opts):
+            sink = spec.load()(run, opts)
+            if sink is not None:
+                sinks.append(sink)
+    return sinks

@@ -17,12 +17,12 @@ import re
 import socket
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jdist.paths import clusters_dir
 from jdist.procs import identity
-from jdist.protocol import STATE_VERSION, ClusterState, KernelIdentity, RankEntry, clusters_dir
+from jdist.protocol import STATE_VERSION, ClusterState, KernelIdentity, RankEntry
 
 if TYPE_CHECKING:
     from .cluster import ClusterSession
@@ -62,8 +62,9 @@ def describe(cluster: ClusterSession) -> ClusterState:
     from jdist import __version__
     from jdist.metrics import default_run_dir
 
+    from jdist.plugins import option_table
+
     ipp = cluster.ipp
-    security = Path(ipp.profile_dir) / "security"
     controller = ipp.controller.process
     return ClusterState(
         version=STATE_VERSION,
@@ -74,9 +75,10 @@ def describe(cluster: ClusterSession) -> ClusterState:
         kernel=kernel_identity(),
         python=sys.executable,
         controller=identity(controller.pid),
-        client_file=str(security / f"ipcontroller-{ipp.cluster_id}-client.json"),
+        client_file=str(ipp.controller.connection_files["client"]),
         cluster_file=str(ipp.cluster_file),
-        config=asdict(cluster.config),
+        config=cluster.config.as_dict(),
+        options=option_table().describe(cluster.config),  # type: ignore[typeddict-item]
         ranks=[RankEntry(**info, engine_id=cluster.engine_of(info["rank"])) for info in cluster.ranks],
         started_at=cluster.started_at or time.time(),
         written_at=time.time(),

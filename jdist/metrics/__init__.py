@@ -3,16 +3,19 @@ no ipyparallel, widgets or torch; used by the kernel, the ranks and the server a
 
 - :mod:`~jdist.metrics.records`: the record format, :data:`AUTO_METRICS`, :class:`Run`;
 - :mod:`~jdist.metrics.runlog`: run folders on disk (:class:`RunLog`, :func:`read_run`);
-- :mod:`~jdist.metrics.panels`: what each dashboard panel shows, as data every view renders.
+- :mod:`~jdist.metrics.panels`: what each dashboard panel shows, as data every view renders, and
+  what each adds to a run's summary and sidebar entry; :mod:`~jdist.metrics.stats`: the numeric
+  rules they share; :mod:`~jdist.metrics.live`: the live dashboard's incremental view;
+  :mod:`~jdist.metrics.export`: a run to TensorBoard / MLflow.
 """
 
-from .records import AUTO_METRICS, RECORD_KEYS, RESERVED, Run, missing_seqs, new_run_id
+from .records import AUTO_METRICS, CORE_METRICS, RECORD_KEYS, Run, missing_seqs, new_run_id, reserved
 from .runlog import RunLog, RunReader, default_run_dir, list_runs, read_records, read_run
 
 __all__ = [
     "AUTO_METRICS",
+    "CORE_METRICS",
     "RECORD_KEYS",
-    "RESERVED",
     "Run",
     "RunLog",
     "RunReader",
@@ -22,4 +25,5 @@ __all__ = [
     "new_run_id",
     "read_records",
     "read_run",
+    "reserved",
 ]

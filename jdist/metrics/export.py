@@ -13,7 +13,10 @@ written per rank and as the mean across ranks, at its step, with the record's wa
   run's parameters as MLflow params, its cell code as the run's description.
 
 The mean of a step is written once every rank has logged it (at the end: with the ranks that did).
-The ranks need no tracker: all of this runs where the records arrive (the notebook kernel).
+The ranks need no tracker: all of this runs where the records arrive (the notebook kernel). That
+is also why the TensorBoard side uses tensorboard's own ``EventFileWriter`` and summary protos, not
+``torch.utils.tensorboard.SummaryWriter`` (the same writer underneath): the kernel never imports
+torch (``tests/test_architecture.py`` checks it).
 Needs ``pip install 'jdist[tracking]'`` (tensorboard; mlflow-skinny with SQLAlchemy for the
 ``sqlite:`` stores).
 
@@ -30,13 +33,14 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from jdist.errors import need
 from jdist.protocol import RECORD_KEYS, Record
+
+from .stats import is_number, mean_min_max
 
 if TYPE_CHECKING:
     from .records import Run
@@ -79,12 +83,12 @@ class Means:
             self.pending[key] = (values, wall)
             if len(values) >= self.world_size:
                 del self.pending[key]
-                done.append((name, key[1], sum(values.values()) / len(values), wall))
+                done.append((name, key[1], mean_min_max(values.values())[0], wall))
         return done
 
     def rest(self) -> list[tuple[str, Any, float, float]]:
         """The means of the steps some rank never logged (the end of the run)."""
-        out = [(name, step, sum(v.values()) / len(v), wall) for (name, step), (v, wall) in self.pending.items()]
+        out = [(name, step, mean_min_max(v.values())[0], wall) for (name, step), (v, wall) in self.pending.items()]
         self.pending.clear()
         return out
 
@@ -92,9 +96,7 @@ class Means:
 def scalar_items(rec: Record) -> Iterable[tuple[str, float]]:
     """The record's finite numeric metrics (logged and automatic), as floats."""
     for name, value in rec.items():
-        if name in RECORD_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if math.isfinite(value):
+        if name not in RECORD_KEYS and is_number(value):
             yield name, float(value)
 
 

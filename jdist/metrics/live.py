@@ -3,13 +3,13 @@
 :class:`LivePanels` follows a :class:`~jdist.metrics.Run` as its records arrive (:meth:`~LivePanels.feed`)
 and says, on each :meth:`~LivePanels.update`, only what changed since the last one:
 
-- ``layout``: the panels of :data:`jdist.metrics.panels.PANELS` without data, when a title or a
-  series changed (the loss panel's metric, the throughput panel's unit);
+- ``layout``: every panel (:func:`jdist.metrics.panels.all_panels`) without data, when a title or a
+  series changed (the loss panel's metric, a validation series appearing, the throughput panel's unit);
 - ``whole``: the panels sent whole (the bar panels: a few numbers per rank), when they changed;
 - ``lines``: the new points of the line panels defined by a :class:`~jdist.metrics.panels.LineDef`,
   :class:`LinePoints` per series.
 
-A line's points are computed by :func:`jdist.metrics.panels.line_points`, as for the full
+A series' points are computed by :func:`jdist.metrics.panels.line_points`, as for the full
 panels, for the new steps only. A step's point is sent once every rank that logs the panel's
 metric has reached that step (the slowest rank sets the pace), so a point is normally sent
 once, already final; nothing is sent until every rank has sent a record (at most ``hold_s``).
@@ -40,8 +40,7 @@ from typing import Any
 
 from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel
 
-from . import panels as _panels
-from .panels import LineDef, line_points
+from .panels import BarDef, LineDef, PanelDef, SeriesDef, definitions, line_points
 from .records import Run
 
 
@@ -74,9 +73,10 @@ class LiveUpdate:
 
 
 class _Line:
-    """The state of one line panel in the view: which steps were sent."""
+    """The state of one series of a line panel in the view: which steps were sent."""
 
-    def __init__(self, line: LineDef) -> None:
+    def __init__(self, panel: str, line: SeriesDef) -> None:
+        self.panel = panel
         self.line = line
         self.source = _source(line)
         self.sent_to: Any = None  # the highest step sent
@@ -98,7 +98,7 @@ class _Line:
         if end <= start and not self.reset and replace_from is None:
             return None
         x, y, low, high = line_points(run, line, steps[start:end], steps[start - 1] if start > 0 else None)
-        out = LinePoints(line.key, line.name, x, y, low if line.band else None, high if line.band else None,
+        out = LinePoints(self.panel, line.name, x, y, low if line.band else None, high if line.band else None,
                          replace_from=None if self.reset else replace_from, reset=self.reset)
         self.reset = False
         if end > 0:
@@ -106,8 +106,8 @@ class _Line:
         return out
 
 
-def _source(line: LineDef) -> tuple[Any, ...]:
-    """What a line's points depend on besides the records: when it changes, the series starts over."""
+def _source(line: SeriesDef) -> tuple[Any, ...]:
+    """What a series' points depend on besides the records: when it changes, the series starts over."""
     return (line.name, line.metric, line.point, line.band, line.skip_first, line.every_rank)
 
 
@@ -123,7 +123,7 @@ class LivePanels:
         self.hold_s = hold_s
         self._first_feed: float | None = None
         self._dirty_from: dict[str, Any] = {}  # metric -> lowest step of the records since the last update
-        self._lines: dict[str, _Line] = {}
+        self._lines: dict[tuple[str, str], _Line] = {}  # (panel, series) -> its state
         self._layout_sent: str | None = None
         self._whole_sent: str | None = None
 
@@ -152,32 +152,33 @@ class LivePanels:
         now = time.monotonic() if now is None else now
         waiting = (len(run.ranks) < run.world_size and self._first_feed is not None
                    and now - self._first_feed < self.hold_s)
-        defs = [build(run) for build in _panels.PANELS]
+        defs = definitions(run)
         layout = [_empty(d) for d in defs]
         key = json.dumps(layout)
         if key != self._layout_sent:
             out.layout, self._layout_sent = layout, key
-        whole = [d for d in defs if not isinstance(d, LineDef)]
+        whole = [d.panel for d in defs if isinstance(d, BarDef)]
         key = json.dumps(whole)
         if key != self._whole_sent:
             out.whole, self._whole_sent = whole, key
         for d in defs:
             if not isinstance(d, LineDef) or waiting:
                 continue
-            state = self._lines.get(d.key)
-            if state is None or _source(d) != state.source:
-                state = self._lines[d.key] = _Line(d)
-            state.line = d
-            pts = state.points(run, self._dirty_from.get(d.metric) if d.metric else None)
-            if pts is not None:
-                out.lines.append(pts)
+            for s in d.series:
+                state = self._lines.get((d.key, s.name))
+                if state is None or _source(s) != state.source:
+                    state = self._lines[d.key, s.name] = _Line(d.key, s)
+                pts = state.points(run, self._dirty_from.get(s.metric) if s.metric else None)
+                if pts is not None:
+                    out.lines.append(pts)
         if not waiting:
             self._dirty_from.clear()
         return out
 
-    def sent(self, panel: str) -> tuple[list[Any], list[float], list[float], list[float]]:
-        """The points of line panel ``panel`` that the updates so far add up to: ``(x, y, low, high)``."""
-        state = self._lines.get(panel)
+    def sent(self, panel: str, series: str | None = None) -> tuple[list[Any], list[float], list[float], list[float]]:
+        """The points of a series of line panel ``panel`` (default: its first) that the updates so far
+        add up to: ``(x, y, low, high)``."""
+        state = next((s for (p, name), s in self._lines.items() if p == panel and series in (None, name)), None)
         if state is None or state.sent_to is None:
             return [], [], [], []
         line = state.line
@@ -186,19 +187,16 @@ class LivePanels:
         return line_points(self.run, line, steps)
 
 
-def _empty(d: LineDef | Panel) -> Panel:
+def _empty(d: PanelDef) -> Panel:
     """A panel's titles and series without data (the layout the browser fills in)."""
     if isinstance(d, LineDef):
-        band: list[float | None] | None = [] if d.band else None
-        return LinePanel(key=d.key, kind="line", title=d.title, x_title=d.x_title,
-                         series=[LineSeries(name=d.name, color=d.color, x=[], y=[], low=band, high=band)])
-    if d["kind"] == "line":
-        return LinePanel(key=d["key"], kind="line", title=d["title"], x_title=d["x_title"], series=[
-            LineSeries(name=s["name"], color=s["color"], x=[], y=[], low=None if s["low"] is None else [],
-                       high=None if s["high"] is None else []) for s in d["series"]])
-    return BarPanel(key=d["key"], kind="bars", title=d["title"], unit=d["unit"], stacked=d["stacked"], categories=[],
+        return LinePanel(key=d.key, kind="line", title=d.title, x_title=d.x_title, series=[
+            LineSeries(name=s.name, color=s.color, x=[], y=[], low=[] if s.band else None, high=[] if s.band else None)
+            for s in d.series])
+    p = d.panel
+    return BarPanel(key=p["key"], kind="bars", title=p["title"], unit=p["unit"], stacked=p["stacked"], categories=[],
                     series=[BarSeries(name=s["name"], color=s["color"], values=[], labels=s["labels"])
-                            for s in d["series"]])
+                            for s in p["series"]])
 
 
 __all__ = ["LivePanels", "LinePoints", "LiveUpdate"]

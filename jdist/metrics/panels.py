@@ -1,67 +1,59 @@
-"""The dashboard panels, as data: one definition each, drawn by every view.
+"""The dashboard panels, as data: one definition each, which every view draws and summarises.
 
-:data:`PANELS` lists one function per panel. A bar panel's function turns a
-:class:`~jdist.metrics.Run` into a :class:`~jdist.protocol.BarPanel` (a few values per rank);
-a line panel's function gives a :class:`LineDef`: its titles, and the point of each step
-computed from one metric's values across the ranks. :func:`panels` turns them all into
-:data:`jdist.protocol.Panel` (plain JSON-able data with titles, colours and values); the live
-dashboard (:mod:`jdist.metrics.live`) computes a line's new points with the same
-:func:`line_points`, one batch of steps at a time. Three renderers draw any panel by its
-``kind``, without knowing which panel it is: the live notebook widget and the sidebar's run view
-(SVG, ``labextension/src/panels.ts``) and the static SVG that replaces the live widget
-(:mod:`jdist.kernel.dashboard.static`). A new panel is one function here, added to :data:`PANELS`.
+:data:`PANELS` lists one function per panel, taking a :class:`~jdist.metrics.Run`; installed panel
+plugins add theirs after jdist's (:func:`all_panels`; entry point group ``jdist.panels``). A line
+panel's function returns a :class:`LineDef`: its titles and one or more :class:`SeriesDef` (train
+and validation loss on one chart), each a point per step computed from one metric's values
+across the ranks. A bar panel's returns a :class:`BarDef`: a :class:`~jdist.protocol.BarPanel`
+(a few values per rank). Either may carry the lines it adds to the run's text summary
+(``summary``) and the sidebar's sparkline for it (``spark``, a :class:`Spark`).
+
+What is derived from them, so that a panel is defined in one place only:
+
+* :func:`panels`: every panel as :data:`jdist.protocol.Panel` data (titles, colours, values),
+  which three renderers draw by ``kind`` without knowing which panel it is: the live notebook
+  widget and the sidebar's run view (``labextension/src/panels.ts``), and the static SVG
+  (:mod:`jdist.kernel.dashboard.static`); the live dashboard (:mod:`jdist.metrics.live`) computes
+  a line's new points with the same :func:`line_points`, a few steps at a time;
+* :func:`summary`: the run's text summary (``Run.summary()``);
+* :func:`sparks`: the sidebar's sparklines of a run.
 
 Example:
     >>> from jdist.metrics import Run
     >>> run = Run("demo", world_size=1)
-    >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 1.0, "step_time_s": 0.5}])
+    >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 1.0, "val_loss": 1.5, "step_time_s": 0.5}])
     >>> [p["key"] for p in panels(run)]
     ['loss', 'time', 'memory', 'throughput']
-    >>> panels(run)[0]["series"][0]["y"]
-    [1.0]
+    >>> [(s["name"], s["y"]) for s in panels(run)[0]["series"]]
+    [('loss', [1.0]), ('val_loss', [1.5])]
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
-from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel
+from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel, SparkModel
 
-from .records import Run
+from .stats import finite, is_number, mean_min_max
+
+if TYPE_CHECKING:
+    from .records import Run
 
 #: Steps over which the per-rank compute and communication times are averaged.
 RECENT_STEPS = 20
 #: The most points a line gets in the live views; longer series are bucketed (:func:`thin`).
 MAX_POINTS = 1000
+#: Points per sparkline in the sidebar's run list.
+SPARK_POINTS = 60
 #: Colours shared by every view: compute, memory now, loss and throughput in blue;
-#: communication and peak memory in orange; model+optimizer state in green.
+#: communication, peak memory and validation in orange; model+optimizer state in green.
 BLUE, ORANGE, GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 TIME_TITLE = f"time per step (s), last {RECENT_STEPS} steps"
 _MIB = 2**20
-
-
-def finite(values: list[Any]) -> list[float | None]:
-    """NaN and infinities as None (JSON and the charts have no NaN).
-
-    >>> finite([1.0, float("nan"), float("inf")])
-    [1.0, None, None]
-    """
-    return [v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in values]
-
-
-def loss_metric(run: Run) -> str | None:
-    """The metric the loss panel shows: ``"loss"`` if logged, else the first user scalar.
-
-    >>> loss_metric(Run("x", 1, records=[])) is None
-    True
-    """
-    names = run.metric_names
-    if "loss" in names:
-        return "loss"
-    return names[0] if names else None
 
 
 PointFn = Callable[[Any, "dict[int, float]", Any], "tuple[float, float | None, float | None] | None"]
@@ -70,35 +62,86 @@ or ``None`` to leave the step out."""
 
 
 @dataclass(frozen=True)
-class LineDef:
-    """A line panel as a definition: one series whose point at each step comes from ``point``
-    applied to the ranks' values of ``metric`` at that step.
+class SeriesDef:
+    """One line of a line panel: the point at each step comes from ``point`` applied to the ranks'
+    values of ``metric`` at that step.
 
     ``band``: the point has a low/high band. ``skip_first``: each rank's first record of the
     cell is left out (its times cover the set-up before the first step). ``every_rank``: a
     step counts only once every rank logging the metric has a value there.
     """
 
-    key: str
-    title: str
     name: str
     color: str
     metric: str | None
     point: PointFn
-    x_title: str = "step"
     band: bool = False
     skip_first: bool = False
     every_rank: bool = False
 
 
+@dataclass(frozen=True)
+class Spark:
+    """A panel's sparkline in the sidebar's run list: one series, its label, and the unit of its
+    values (``"s"``: seconds, written as ms)."""
+
+    label: str
+    series: SeriesDef
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class LineDef:
+    """A line panel as a definition: titles and series (see the module doc), plus the lines it adds
+    to the run's summary and its sparkline."""
+
+    key: str
+    title: str
+    series: tuple[SeriesDef, ...]
+    x_title: str = "step"
+    summary: tuple[str, ...] = ()
+    spark: Spark | None = None
+
+
+@dataclass(frozen=True)
+class BarDef:
+    """A bar panel as a definition: the :class:`~jdist.protocol.BarPanel` drawn, plus the lines it
+    adds to the run's summary and its sparkline."""
+
+    panel: BarPanel
+    summary: tuple[str, ...] = ()
+    spark: Spark | None = None
+
+    @property
+    def key(self) -> str:
+        return self.panel["key"]
+
+
+PanelDef = Union[LineDef, BarDef]
+
+
+def loss_metric(run: Run) -> str | None:
+    """The metric the loss panel shows: ``"loss"`` if logged, else the first user scalar that is
+    not a validation metric (``val_...``).
+
+    >>> from jdist.metrics import Run
+    >>> loss_metric(Run("x", 1, records=[])) is None
+    True
+    """
+    names = run.metric_names
+    if "loss" in names:
+        return "loss"
+    train = [n for n in names if not n.startswith("val_")]
+    return (train or names or [None])[0]
+
+
 def mean_band(step: Any, values: dict[int, float], prev: Any) -> tuple[float, float, float]:
-    """Mean over the ranks, with their min and max (NaN left out, as :meth:`Run.aggregate`).
+    """Mean over the ranks, with their min and max (NaN left out: :func:`~jdist.metrics.stats.mean_min_max`).
 
     >>> mean_band(0, {0: 1.0, 1: 3.0, 2: float("nan")}, None)
     (2.0, 1.0, 3.0)
     """
-    vals = [v for v in values.values() if not math.isnan(v)] or [math.nan]
-    return sum(vals) / len(vals), min(vals), max(vals)
+    return mean_min_max(values.values())
 
 
 def rate_of_slowest(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, None] | None:
@@ -126,19 +169,21 @@ def total(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, 
     return (sum(vals), None, None) if vals else None
 
 
-def line_points(run: Run, line: LineDef, steps: list[Any], prev: Any = None
+def line_points(run: Run, series: SeriesDef, steps: list[Any], prev: Any = None
                 ) -> tuple[list[Any], list[float], list[float], list[float]]:
-    """``line``'s points at ``steps`` (sorted; ``prev``: the step before them): ``(x, y, low, high)``,
+    """``series``' points at ``steps`` (sorted; ``prev``: the step before them): ``(x, y, low, high)``,
     NaN where a value is missing. :func:`panels` passes every step, the live view a few at a time.
 
+    >>> from jdist.metrics import Run
     >>> run = Run("x", 2)
     >>> _ = run.add([{"rank": r, "seq": s, "step": s, "loss": float(r + s)} for s in (0, 1) for r in (0, 1)])
-    >>> line_points(run, loss_panel(run), run.steps("loss"))
+    >>> line_points(run, loss_panel(run).series[0], run.steps("loss"))
     ([0, 1], [0.5, 1.5], [0.0, 1.0], [1.0, 2.0])
     """
-    per_step = run.step_values(line.metric) if line.metric else {}
-    first = run.first_steps() if line.skip_first else {}
-    need = len(run.metric_ranks(line.metric, skip_first=line.skip_first)) if line.every_rank and line.metric else 0
+    per_step = run.step_values(series.metric) if series.metric else {}
+    first = run.first_steps() if series.skip_first else {}
+    need = (len(run.metric_ranks(series.metric, skip_first=series.skip_first))
+            if series.every_rank and series.metric else 0)
     xs: list[Any] = []
     ys: list[float] = []
     lows: list[float] = []
@@ -147,7 +192,7 @@ def line_points(run: Run, line: LineDef, steps: list[Any], prev: Any = None
         values = per_step.get(step, {})
         if first:
             values = {r: v for r, v in values.items() if first.get(r, _NONE) != step}
-        pt = None if need and len(values) < need else line.point(step, values, prev)
+        pt = None if need and len(values) < need else series.point(step, values, prev)
         prev = step
         if pt is None:
             continue
@@ -162,12 +207,17 @@ def line_points(run: Run, line: LineDef, steps: list[Any], prev: Any = None
 _NONE = object()
 
 
+def series_of(run: Run, series: SeriesDef) -> LineSeries:
+    """The :class:`~jdist.protocol.LineSeries` of ``series`` over every step logged (NaN as None)."""
+    x, y, low, high = line_points(run, series, run.steps(series.metric) if series.metric else [])
+    return LineSeries(name=series.name, color=series.color, x=x, y=finite(y),
+                      low=finite(low) if series.band else None, high=finite(high) if series.band else None)
+
+
 def line_panel(run: Run, line: LineDef) -> LinePanel:
-    """The :class:`~jdist.protocol.LinePanel` of ``line`` over every step logged (NaN as None)."""
-    x, y, low, high = line_points(run, line, run.steps(line.metric) if line.metric else [])
-    return LinePanel(key=line.key, kind="line", title=line.title, x_title=line.x_title, series=[
-        LineSeries(name=line.name, color=line.color, x=x, y=finite(y), low=finite(low) if line.band else None,
-                   high=finite(high) if line.band else None)])
+    """The :class:`~jdist.protocol.LinePanel` of ``line`` over every step logged."""
+    return LinePanel(key=line.key, kind="line", title=line.title, x_title=line.x_title,
+                     series=[series_of(run, s) for s in line.series])
 
 
 def seconds_per_step(run: Run) -> float | None:
@@ -177,6 +227,7 @@ def seconds_per_step(run: Run) -> float | None:
     between them: steady over a long run (the ETA does not jump with a few slow steps),
     and the start-up before the first step does not count.
 
+    >>> from jdist.metrics import Run
     >>> run = Run("x", 2)
     >>> _ = run.add([{"rank": r, "seq": s, "step": s, "time": 100.0 + 0.5 * s + 0.25 * r}
     ...              for s in range(3) for r in (0, 1)])
@@ -193,6 +244,7 @@ def seconds_per_step(run: Run) -> float | None:
 def steps_done(run: Run) -> int:
     """Steps completed, from the highest logged step (0-based), capped at ``total_steps``.
 
+    >>> from jdist.metrics import Run
     >>> run = Run("x", 1, total_steps=10)
     >>> _ = run.add([{"rank": 0, "seq": 0, "step": 3}])
     >>> steps_done(run)
@@ -201,6 +253,21 @@ def steps_done(run: Run) -> int:
     last = run.max_step()
     done = 0 if last is None else int(last) + 1
     return min(done, run.total_steps) if run.total_steps is not None else done
+
+
+def eta_s(run: Run) -> float | None:
+    """Seconds until ``total_steps`` at the run's pace so far (None: unknown, or not running).
+
+    >>> from jdist.metrics import Run
+    >>> run = Run("x", 1, total_steps=10)
+    >>> _ = run.add([{"rank": 0, "seq": s, "step": s, "time": 100.0 + s} for s in range(4)])
+    >>> eta_s(run)  # 6 steps left, 1 s each
+    6.0
+    """
+    per_step = seconds_per_step(run)
+    if per_step is None or run.total_steps is None or run.status != "running":
+        return None
+    return (run.total_steps - steps_done(run)) * per_step
 
 
 def thin(steps: list[Any], values: list[float | None], reduce: Callable[[list[float]], float] = statistics.fmean,
@@ -254,6 +321,7 @@ def _ranks(run: Run) -> list[int]:
 def rank_label(run: Run, rank: int) -> str:
     """A rank as the bar panels name it: with its host when the ranks run on several.
 
+    >>> from jdist.metrics import Run
     >>> rank_label(Run("x", 2, records=[], hosts={0: "gpu1", 1: "gpu2"}), 1)
     'rank 1 gpu2'
     >>> rank_label(Run("x", 2, records=[]), 1)
@@ -264,18 +332,39 @@ def rank_label(run: Run, rank: int) -> str:
 
 
 def _mib(value: Any) -> float | None:
-    return value / _MIB if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return value / _MIB if is_number(value) else None
+
+
+def _size(n: float) -> str:
+    """Bytes in KiB/MiB/GiB, one decimal.
+
+    >>> _size(512), _size(3 * 2**20), _size(1.5 * 2**30)
+    ('0.5 KiB', '3.0 MiB', '1.5 GiB')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+# -- jdist's panels ----------------------------------------------------------------------------
 
 
 def loss_panel(run: Run) -> LineDef:
-    """The loss (or the first logged scalar): mean over ranks per step, with a min–max band."""
+    """The loss (or the first logged scalar): mean over ranks per step, with a min–max band; and
+    its validation counterpart (``val_loss``) on the same chart when one is logged."""
     name = loss_metric(run)
-    return LineDef(key="loss", title=name or "loss", name="mean over ranks", color=BLUE, metric=name,
-                   point=mean_band, band=True)
+    train = SeriesDef(name=name or "loss", color=BLUE, metric=name, point=mean_band, band=True)
+    series = [train]
+    if name and f"val_{name}" in run.metric_names:
+        series.append(SeriesDef(name=f"val_{name}", color=ORANGE, metric=f"val_{name}", point=mean_band))
+    return LineDef(key="loss", title=name or "loss", series=tuple(series),
+                   spark=Spark(label=name or "loss", series=train))
 
 
-def time_panel(run: Run) -> BarPanel:
-    """Per rank, compute and communication time per step over the last steps (stacked)."""
+def time_panel(run: Run) -> BarDef:
+    """Per rank, compute and communication time per step over the last steps (stacked); in the
+    summary, each rank's step and communication time over the run."""
     ranks = _ranks(run)
     step_t = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     comm_t = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
@@ -288,48 +377,127 @@ def time_panel(run: Run) -> BarPanel:
             compute.append(step_t[r] - comm_t.get(r, 0.0))
         else:
             compute.append(None)
-    return BarPanel(key="time", kind="bars", title=TIME_TITLE, unit="s", stacked=True,
-                    categories=[rank_label(run, r) for r in ranks], series=[
-                        BarSeries(name="compute", color=BLUE, values=finite(compute), labels=False),
-                        BarSeries(name="communication", color=ORANGE, values=finite([comm_t.get(r) for r in ranks]),
-                                  labels=False),
-                    ])
+    panel = BarPanel(key="time", kind="bars", title=TIME_TITLE, unit="s", stacked=True,
+                     categories=[rank_label(run, r) for r in ranks], series=[
+                         BarSeries(name="compute", color=BLUE, values=finite(compute), labels=False),
+                         BarSeries(name="communication", color=ORANGE, values=finite([comm_t.get(r) for r in ranks]),
+                                   labels=False),
+                     ])
+    summary = ()
+    whole_step, whole_comm = run.per_rank_mean("step_time_s", skip_first=True), run.per_rank_mean("comm_time_s", skip_first=True)
+    if whole_step:
+        summary = ("step time per rank: " + ", ".join(
+            f"r{r} {whole_step[r] * 1e3:.1f} ms (comm {whole_comm.get(r, 0.0) * 1e3:.1f})" for r in sorted(whole_step)),)
+    return BarDef(panel, summary=summary,
+                  spark=Spark(label="step time", series=SeriesDef("step time", ORANGE, "step_time_s", mean_band), unit="s"))
 
 
-def memory_panel(run: Run) -> BarPanel:
-    """Per rank, memory now and at its peak, and the model+optimizer state it holds."""
+def memory_panel(run: Run) -> BarDef:
+    """Per rank, memory now and at its peak, and the model+optimizer state it holds; in the
+    summary, each rank's peak memory and state."""
     ranks = _ranks(run)
     latest = [run.latest(r) or {} for r in ranks]
     title = "GPU memory (MiB)" if run.device_kind == "cuda" else "host memory RSS (MiB)"
-    return BarPanel(key="memory", kind="bars", title=title, unit="MiB", stacked=False,
-                    categories=[rank_label(run, r) for r in ranks], series=[
-                        BarSeries(name="current", color=BLUE, values=[_mib(rec.get("mem_bytes")) for rec in latest],
-                                  labels=False),
-                        BarSeries(name="peak", color=ORANGE, values=[_mib(rec.get("mem_peak_bytes")) for rec in latest],
-                                  labels=False),
-                        # small next to a process's RSS on CPU ranks: each bar is labelled with its value
-                        BarSeries(name="model+optimizer", color=GREEN,
-                                  values=[_mib(rec.get("state_bytes")) for rec in latest], labels=True),
-                    ])
+    panel = BarPanel(key="memory", kind="bars", title=title, unit="MiB", stacked=False,
+                     categories=[rank_label(run, r) for r in ranks], series=[
+                         BarSeries(name="current", color=BLUE, values=[_mib(rec.get("mem_bytes")) for rec in latest],
+                                   labels=False),
+                         BarSeries(name="peak", color=ORANGE, values=[_mib(rec.get("mem_peak_bytes")) for rec in latest],
+                                   labels=False),
+                         # small next to a process's RSS on CPU ranks: each bar is labelled with its value
+                         BarSeries(name="model+optimizer", color=GREEN,
+                                   values=[_mib(rec.get("state_bytes")) for rec in latest], labels=True),
+                     ])
+    summary = []
+    peak = {r: (run.latest(r) or {}).get("mem_peak_bytes") for r in run.ranks}
+    if any(peak.values()):
+        kind = "GPU" if run.device_kind == "cuda" else "host RSS"
+        summary.append(f"peak memory ({kind}): " + ", ".join(f"r{r} {v / _MIB:.0f} MiB" for r, v in peak.items() if v))
+    state = {r: (run.latest(r) or {}).get("state_bytes") for r in run.ranks}
+    if any(state.values()):
+        summary.append("model + optimizer state: " + ", ".join(f"r{r} {_size(v)}" for r, v in state.items() if v))
+    return BarDef(panel, summary=tuple(summary))
 
 
 def throughput_panel(run: Run) -> LineDef:
     """Samples/s summed over the ranks once a batch size is known (even before a point can be
     drawn, so the title does not flip), at steps every rank reporting it has reached; else steps/s."""
     if any(isinstance((run.latest(r) or {}).get("samples_per_s"), (int, float)) for r in run.ranks):
-        return LineDef(key="throughput", title="throughput, samples/s (all ranks)", name="throughput", color=BLUE,
-                       metric="samples_per_s", point=total, skip_first=True, every_rank=True)
-    return LineDef(key="throughput", title="throughput, steps/s", name="throughput", color=BLUE,
-                   metric="step_time_s", point=rate_of_slowest)
+        return LineDef(key="throughput", title="throughput, samples/s (all ranks)", series=(
+            SeriesDef(name="throughput", color=BLUE, metric="samples_per_s", point=total, skip_first=True,
+                      every_rank=True),))
+    return LineDef(key="throughput", title="throughput, steps/s", series=(
+        SeriesDef(name="throughput", color=BLUE, metric="step_time_s", point=rate_of_slowest),))
 
 
-#: Every panel of the dashboard, in the order the views lay them out (two per row).
-PANELS: tuple[Callable[[Run], "LineDef | Panel"], ...] = (loss_panel, time_panel, memory_panel, throughput_panel)
+#: jdist's panels, in the order the views lay them out (two per row); plugins' follow (:func:`all_panels`).
+PANELS: tuple[Callable[[Run], PanelDef], ...] = (loss_panel, time_panel, memory_panel, throughput_panel)
+
+
+def all_panels() -> tuple[Callable[[Run], PanelDef], ...]:
+    """jdist's panels, then those of installed panel plugins (entry point group ``jdist.panels``)."""
+    from jdist.plugins import panel_plugins
+
+    return (*PANELS, *panel_plugins())
+
+
+def definitions(run: Run) -> list[PanelDef]:
+    """Every panel's definition for ``run``'s current records."""
+    return [build(run) for build in all_panels()]
+
+
+def to_panel(run: Run, d: PanelDef) -> Panel:
+    """A definition as the data the renderers draw."""
+    return line_panel(run, d) if isinstance(d, LineDef) else d.panel
 
 
 def panels(run: Run) -> list[Panel]:
-    """Every panel of :data:`PANELS` for ``run``'s current records."""
-    return [line_panel(run, d) if isinstance(d, LineDef) else d for d in (build(run) for build in PANELS)]
+    """Every panel for ``run``'s current records."""
+    return [to_panel(run, d) for d in definitions(run)]
+
+
+def summary(run: Run) -> str:
+    """The run's plain-text summary (``Run.summary()``): status, steps, each logged metric's last
+    mean over ranks, then each panel's summary lines.
+
+    >>> from jdist.metrics import Run
+    >>> run = Run("x", 1, status="finished", started=0.0, ended=2.0)
+    >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 0.5}])
+    >>> print(summary(run))
+    jdist run x: finished after 2.0 s, 1 ranks (no backend, cpu), 1 records
+      last step: 0
+      loss: 0.5 (mean over ranks, range 0.5..0.5) at step 0
+    """
+    dur = (run.ended or time.time()) - run.started
+    lines = [f"jdist run {run.run_id}: {run.status} after {dur:.1f} s, {run.world_size} ranks"
+             f" ({run.backend or 'no backend'}, {run.device_kind}), {len(run.records)} records"]
+    last = run.max_step()
+    if last is not None:
+        lines.append(f"  last step: {last}")
+    for name in run.metric_names:
+        steps, mean, lo, hi = run.aggregate(name)
+        if steps:
+            lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) "
+                         f"at step {steps[-1]}")
+    lines += [f"  {line}" for d in definitions(run) for line in d.summary]
+    if run.path:
+        lines.append(f"  run log: {run.path}")
+    return "\n".join(lines)
+
+
+def sparks(run: Run, max_points: int = SPARK_POINTS) -> list[SparkModel]:
+    """The sidebar's sparklines of ``run``: one per panel that has a :class:`Spark`."""
+    out = []
+    for d in definitions(run):
+        if d.spark is None:
+            continue
+        s = d.spark.series
+        x, y, _, _ = line_points(run, s, run.steps(s.metric) if s.metric else [])
+        y_ok = finite(y)
+        xs, ys = thin(x, y_ok, max_points=max_points)
+        out.append(SparkModel(key=d.key, label=d.spark.label, color=s.color, unit=d.spark.unit, x=xs, y=ys,
+                              last=y_ok[-1] if y_ok else None))
+    return out
 
 
 __all__ = [
@@ -340,9 +508,15 @@ __all__ = [
     "PANELS",
     "RECENT_STEPS",
     "TIME_TITLE",
+    "BarDef",
     "LineDef",
+    "PanelDef",
     "PointFn",
-    "finite",
+    "SeriesDef",
+    "Spark",
+    "all_panels",
+    "definitions",
+    "eta_s",
     "line_panel",
     "line_points",
     "loss_metric",
@@ -350,7 +524,9 @@ __all__ = [
     "panels",
     "rate_of_slowest",
     "seconds_per_step",
+    "sparks",
     "steps_done",
+    "summary",
     "thin",
     "thin_panel",
     "total",

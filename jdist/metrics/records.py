@@ -23,14 +23,18 @@ import math
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
 from jdist.protocol import RECORD_KEYS, Record, RunMeta
 
-#: Automatic metrics added to every record by the rank runtime (``None`` when unknown).
-AUTO_METRICS: dict[str, str] = {
+from .stats import mean_min_max
+
+#: jdist's own automatic metrics, added to every record by the rank runtime (``None`` when unknown).
+CORE_METRICS: dict[str, str] = {
     "step_time_s": "wall time since the previous jdist.log call on this rank (first step: since the cell started)",
     "comm_time_s": "wall time within the step during which the backend communicated: DDP/Horovod gradient "
     "all-reduces, FSDP all-gathers and reduce-scatters (intervals in flight, overlaps counted once)",
@@ -43,7 +47,40 @@ AUTO_METRICS: dict[str, str] = {
     "optimizers' state (local shards under FSDP)",
 }
 
-RESERVED: frozenset[str] = frozenset(RECORD_KEYS) | frozenset(AUTO_METRICS)
+
+
+@cache
+def _auto_metrics() -> dict[str, str]:
+    from jdist.plugins import metric_specs
+
+    return {**CORE_METRICS, **{name: meaning for spec in metric_specs() for name, meaning in spec.metrics}}
+
+
+class _AutoMetrics(Mapping[str, str]):
+    """Every automatic metric: jdist's own, then installed metric plugins' (:class:`jdist.plugins.MetricSpec`),
+    read on first use."""
+
+    def __getitem__(self, name: str) -> str:
+        return _auto_metrics()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_auto_metrics())
+
+    def __len__(self) -> int:
+        return len(_auto_metrics())
+
+    def __repr__(self) -> str:
+        return repr(_auto_metrics())
+
+
+#: Automatic metrics added to every record: name -> meaning (jdist's own, then plugins').
+AUTO_METRICS: Mapping[str, str] = _AutoMetrics()
+
+
+@cache
+def reserved() -> frozenset[str]:
+    """Names ``jdist.log`` refuses: the record keys and the automatic metrics."""
+    return frozenset(RECORD_KEYS) | frozenset(_auto_metrics())
 
 
 def _insert_sorted(steps: list[Any], step: Any) -> None:
@@ -209,7 +246,8 @@ class Run:
     @property
     def metric_names(self) -> list[str]:
         """User-logged scalar names, in first-seen order (automatic metrics excluded)."""
-        return [m for m in self._by_metric if m not in AUTO_METRICS]
+        auto = _auto_metrics()
+        return [m for m in self._by_metric if m not in auto]
 
     @property
     def ranks(self) -> list[int]:
@@ -232,15 +270,8 @@ class Run:
         """
         per_step = self._by_metric.get(metric, {})
         steps = list(self.steps(metric))
-        means, lows, highs = [], [], []
-        for s in steps:
-            vals = [v for v in per_step[s].values() if not math.isnan(v)]
-            if not vals:
-                vals = [math.nan]
-            means.append(sum(vals) / len(vals))
-            lows.append(min(vals))
-            highs.append(max(vals))
-        return steps, means, lows, highs
+        stats = [mean_min_max(per_step[s].values()) for s in steps]
+        return steps, [m for m, _, _ in stats], [lo for _, lo, _ in stats], [hi for _, _, hi in stats]
 
     def per_rank_mean(self, metric: str, last: int | None = None, skip_first: bool = False) -> dict[int, float]:
         """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank.
@@ -335,50 +366,8 @@ class Run:
         return to_mlflow(self, tracking_uri, experiment, run_name)
 
     def summary(self) -> str:
-        """A short plain-text summary: status, steps, final loss-like metrics, timings."""
-        dur = (self.ended or time.time()) - self.started
-        lines = [
-            f"jdist run {self.run_id}: {self.status} after {dur:.1f} s, {self.world_size} ranks"
-            f" ({self.backend or 'no backend'}, {self.device_kind}), {len(self.records)} records"
-        ]
-        last = self.max_step()
-        if last is not None:
-            lines.append(f"  last step: {last}")
-        for name in self.metric_names:
-            steps, mean, lo, hi = self.aggregate(name)
-            if steps:
-                lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) "
-                             f"at step {steps[-1]}")
-        st = self.per_rank_mean("step_time_s", skip_first=True)
-        ct = self.per_rank_mean("comm_time_s", skip_first=True)
-        if st:
-            parts = ", ".join(
-                f"r{r} {st[r] * 1e3:.1f} ms (comm {ct.get(r, 0.0) * 1e3:.1f})" for r in sorted(st)
-            )
-            lines.append(f"  step time per rank: {parts}")
-        mem = {r: self._latest[r].get("mem_peak_bytes") for r in self.ranks}
-        if any(v for v in mem.values()):
-            kind = "GPU" if self.device_kind == "cuda" else "host RSS"
-            parts = ", ".join(f"r{r} {v / 2**20:.0f} MiB" for r, v in mem.items() if v)
-            lines.append(f"  peak memory ({kind}): {parts}")
-        state = {r: self._latest[r].get("state_bytes") for r in self.ranks}
-        if any(v for v in state.values()):
-            parts = ", ".join(f"r{r} {_size(v)}" for r, v in state.items() if v)
-            lines.append(f"  model + optimizer state: {parts}")
-        if self.path:
-            lines.append(f"  run log: {self.path}")
-        return "\n".join(lines)
+        """A short plain-text summary: status, steps, final loss-like metrics, timings (each panel's
+        summary lines: :func:`jdist.metrics.panels.summary`)."""
+        from .panels import summary
 
-
-def _size(n: float) -> str:
-    """Bytes in KiB/MiB/GiB, one decimal.
-
-    >>> _size(512), _size(3 * 2**20), _size(1.5 * 2**30)
-    ('0.5 KiB', '3.0 MiB', '1.5 GiB')
-    """
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 2**10:.1f} KiB"
-
-
+        return summary(self)

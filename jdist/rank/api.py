@@ -22,10 +22,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jdist.metrics.records import RESERVED
+from jdist.metrics.records import reserved
 
 from .session import describe_rank, session
 from .sources import defer_device_value
+
+#: Names jdist.log refuses (record keys, automatic metrics), read once: it is the hot path.
+RESERVED = reserved()
 
 
 def prepare(*objs: Any, batch_size: int | None = None, grad_accum: int | None = None, **options: Any) -> Any:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from jdist.protocol import DATA_KEY, DataMessage, encode_data
+from jdist.codec import encode_data
+from jdist.protocol import DATA_KEY, DataMessage
 
 
 class KernelChannel(Protocol):
@@ -25,7 +26,7 @@ class KernelChannel(Protocol):
 
 class DataPubChannel:
     """The IPython engine's ``data_pub`` (ipyparallel's ``ZMQDataPublisher``); messages travel
-    pickled once (:func:`jdist.protocol.encode_data`)."""
+    pickled once (:func:`jdist.codec.encode_data`)."""
 
     def __init__(self, data_pub: Any):
         self.data_pub = data_pub

@@ -18,7 +18,7 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
   shuts down this rank's process-group connections (gloo pairs; NCCL: ``abort``). The
   collective then raises on this rank and on its peers ("connection closed by peer"),
   the cell ends, and the kernel re-creates the process group on all ranks
-  (:func:`jdist.rank.rpc.repair_group`): variables stay, DDP models are re-attached.
+  (:func:`jdist.rank.rpc.rebuild_group`): variables stay, DDP models are re-attached.
 
 Nothing here listens on a socket or reads from one: the kernel reaches the guard only
 through signals (sent by the launcher, or ipyparallel's signed control channel).

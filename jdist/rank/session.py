@@ -42,7 +42,7 @@ from jdist.protocol import CellEndMessage, Record
 
 from .backends.base import Backend, CommTimer, RankContext
 from .channel import KernelChannel, ListChannel
-from .sources import MetricSource, ModelState, default_sources, ready, resolve_deferred
+from .sources import MetricSource, default_sources, ready, resolve_deferred
 from .stream import RecordStream
 
 
@@ -79,6 +79,8 @@ class RankSession:
     batch_size: int | None = None
     #: Step of the checkpoint restored last (jdist.restored_step()).
     restored_step: int = 0
+    #: Environment variables this rank reports to its launcher (``RankInfo.launcher``).
+    report_env: tuple[str, ...] = ()
 
     @property
     def backend_name(self) -> str:
@@ -87,7 +89,8 @@ class RankSession:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()  # taken by the publisher thread and the cell's start and end, never by log
         self.publisher: Publisher | None = None
-        self._model_state = next((src for src in self.sources if isinstance(src, ModelState)), None)
+        #: the sources that measure on the training thread, called by every log
+        self._at_log = tuple(src.at_log for src in self.sources if hasattr(src, "at_log"))
 
     def begin_cell(self) -> None:
         """A cell starts (IPython ``pre_run_cell``): new cell id, step clock and sources reset."""
@@ -110,19 +113,26 @@ class RankSession:
         """Queue ``rec`` for the kernel and run the log hooks: the hot path.
 
         Reads a clock and hands over what the comm timer collected since the previous log; no
-        device query, no syscall, no lock (about once a second it also counts the bytes of model
-        and optimizer state, which only this thread may do). The publisher thread fills in the
-        other automatic metrics (:mod:`jdist.rank.sources`) and sends the records in batches.
+        device query, no syscall, no lock (the sources' ``at_log`` hooks run here: about once a
+        second the bytes of model and optimizer state are counted, which only this thread may
+        do). The publisher thread fills in the other automatic metrics (:mod:`jdist.rank.sources`)
+        and sends the records in batches.
         """
         now = time.perf_counter()
-        state = self._model_state
-        if state is not None:  # counted here, on the training thread, about once a second
-            rec["state_bytes"] = state.value if now < state.due else state.count(self, now)
+        for at_log in self._at_log:
+            at_log(self, rec, now)
         timer = self.timer
         self.stream.add((rec, now, timer.take_intervals(), timer.take_events(), self.train.forwards, deferred))
         if self.log_hooks:
             for hook in list(self.log_hooks.values()):
                 hook(rec)
+
+    def prepared(self) -> None:
+        """``jdist.prepare`` ran: the sources that count what was prepared recount."""
+        for source in self.sources:
+            hook = getattr(source, "prepared", None)
+            if hook is not None:
+                hook(self)
 
     def publish_due(self) -> int:
         """Complete and publish the pending records whose GPU work has finished (the publisher
@@ -236,7 +246,8 @@ def local_session(channel: KernelChannel | None = None, backend: Backend | None 
 
 
 def describe_rank(s: RankSession) -> dict[str, Any]:
-    """The :class:`jdist.protocol.RankInfo` of this rank."""
+    """The :class:`jdist.protocol.RankInfo` of this rank (``launcher``: the environment variables
+    its launcher asked for at set-up, :attr:`RankSession.report_env`)."""
     from jdist import __version__
     from jdist.protocol import PROTOCOL_VERSION, RankInfo
 
@@ -244,9 +255,5 @@ def describe_rank(s: RankSession) -> dict[str, Any]:
     return RankInfo(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank,
                     local_world_size=ctx.local_world_size, host=ctx.hostname, pid=os.getpid(),
                     device=str(ctx.device), backend=s.backend_name, main_thread=threading.main_thread().ident or 0,
-                    protocol=PROTOCOL_VERSION, jdist=__version__, slurm_step=_slurm_step())
-
-
-def _slurm_step() -> str | None:
-    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
-    return f"{job}.{step}" if job and step else None
+                    protocol=PROTOCOL_VERSION, jdist=__version__,
+                    launcher={name: os.environ.get(name) for name in s.report_env})

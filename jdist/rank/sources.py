@@ -5,12 +5,14 @@ the communication intervals and CUDA events recorded since the previous log and 
 training-forward count (:data:`jdist.rank.stream.Entry`). The session's publisher thread later
 takes the leading entries whose GPU work has completed (:func:`ready`, which never waits during
 a cell) and lets every source fill them in with :meth:`MetricSource.fill`, once per batch (at
-most every 0.1 s, and at the cell's end): device and system queries happen there (CUDA memory
-statistics, CUDA timing events, ``/proc``), off the training thread.
+most every 0.25 s, and at the cell's end): device and system queries happen there (CUDA memory
+statistics, CUDA timing events, ``/proc``), off the training thread. A source that must measure
+on the training thread itself (:class:`ModelState`) also has ``at_log``, which ``jdist.log``
+calls with the record; ``prepared`` tells a source that ``jdist.prepare`` ran.
 
 :func:`default_sources` gives one source per group of :data:`jdist.metrics.AUTO_METRICS`
-(a test checks that together they produce exactly those names). An automatic metric is
-one entry in ``AUTO_METRICS`` (its name and meaning) plus the source that measures it here.
+(a test checks that together they produce exactly those names), jdist's own first, then those
+of installed metric plugins (:class:`jdist.plugins.MetricSpec`, entry point group ``jdist.metrics``).
 
 Example:
     >>> from jdist.rank.session import local_session
@@ -38,6 +40,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class MetricSource(Protocol):
+    """What adds automatic metrics to the records. Optional hooks, called only when a source has
+    them: ``at_log(s, rec, now)`` on the training thread by every ``jdist.log`` (keep it to a
+    comparison and a dict write: it is the hot path), ``prepared(s)`` after ``jdist.prepare``."""
+
     #: The record fields this source sets.
     names: tuple[str, ...]
 
@@ -180,39 +186,25 @@ class Throughput:
             rec["samples_per_s"] = batch_size * batches / step_time if batch_size and step_time > 0 else None
 
 
-def _local_bytes(t: Any) -> int:
-    if hasattr(t, "to_local"):  # DTensor: this rank's shard
-        t = t.to_local()
-    return t.numel() * t.element_size()
-
-
 def state_bytes(s: RankSession) -> int | None:
     """Bytes this rank holds of prepared models' parameters + gradients and prepared optimizers'
-    state (local shards under FSDP); None before anything was prepared. Walks every tensor."""
+    state, as its backend counts them (:meth:`jdist.rank.backends.Backend.local_state_bytes`:
+    local shards under FSDP); None before anything was prepared. Walks every tensor."""
+    from .backends.base import tensor_state
+
     models, optimizers = list(s.train.models), list(s.train.optimizers)
     if not models and not optimizers:
         return None
-    seen: set[int] = set()
-    total = 0
-    for model in models:
-        for p in model.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += _local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0)
-    for opt in optimizers:
-        for st in opt.state.values():
-            for v in st.values():
-                if hasattr(v, "element_size") and hasattr(v, "numel") and id(v) not in seen:
-                    seen.add(id(v))
-                    total += _local_bytes(v)
-    return total
+    if s.backend is not None:
+        return s.backend.local_state_bytes(models, optimizers)
+    return sum(t.numel() * t.element_size() for t in tensor_state(models, optimizers))
 
 
 class ModelState:
-    """:func:`state_bytes`, counted by ``jdist.log`` on the training thread at most every
-    ``max_age_s`` seconds (it walks every tensor). Not by the publisher thread: autograd sets a
-    parameter's ``.grad`` without holding the GIL, and reading it from another thread at that
-    moment crashes the process."""
+    """:func:`state_bytes`, counted by ``jdist.log`` on the training thread (:meth:`at_log`) at
+    most every ``max_age_s`` seconds (it walks every tensor). Not by the publisher thread:
+    autograd sets a parameter's ``.grad`` without holding the GIL, and reading it from another
+    thread at that moment crashes the process."""
 
     names = ("state_bytes",)
 
@@ -224,19 +216,22 @@ class ModelState:
     def begin_cell(self, s: RankSession, now: float) -> None:
         pass
 
-    def invalidate(self) -> None:
+    def prepared(self, s: RankSession) -> None:
         """Recount at the next log (something was prepared)."""
         self.due = -1e9
 
-    def count(self, s: RankSession, now: float) -> int | None:
-        """Count now (on the training thread); the next count is due ``max_age_s`` later."""
-        self.value, self.due = state_bytes(s), now + self.max_age_s
-        return self.value
+    def at_log(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
+        if now >= self.due:  # count now; the next count is due max_age_s later
+            self.value, self.due = state_bytes(s), now + self.max_age_s
+        rec["state_bytes"] = self.value
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
-        pass  # set in the record by jdist.log (RankSession.log)
+        pass  # set in the record by at_log
 
 
 def default_sources() -> list[MetricSource]:
-    """One of each source, in the order of :data:`jdist.metrics.AUTO_METRICS`."""
-    return [StepTiming(), Memory(), Throughput(), ModelState()]
+    """One of each source, in the order of :data:`jdist.metrics.AUTO_METRICS`: jdist's own, then
+    the installed metric plugins' (each :class:`jdist.plugins.MetricSpec` names its source class)."""
+    from jdist.plugins import metric_specs
+
+    return [StepTiming(), Memory(), Throughput(), ModelState(), *(spec.load()() for spec in metric_specs())]

@@ -31,6 +31,7 @@ import torch
 from jdist.options import PRECISIONS
 
 from .backends import Backend
+from .backends.base import Preparation
 from .session import RankSession, TrainState, session
 
 _DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,6 +52,14 @@ def set_precision(train: TrainState, precision: str) -> None:
     train.precision = precision
     if precision != "fp16":
         train.scaler = None
+
+
+def apply_precision(s: RankSession, precision: str) -> None:
+    """``--precision`` on this rank (at start or live): prepared models use it from their next
+    forward; a backend that owns precision is told."""
+    set_precision(s.train, precision)
+    if s.backend is not None:
+        s.backend.set_precision(precision)
 
 
 def is_sync_step() -> bool:
@@ -88,6 +97,7 @@ def _wrap_forward(model: Any, s: RankSession) -> None:
     tr = s.train
     device_type = s.ctx.device.type
     checked = [not backend.averages_in_optimizer]
+    autocast = not backend.owns_precision
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled() and model.training:
@@ -101,7 +111,7 @@ def _wrap_forward(model: Any, s: RankSession) -> None:
             tr.micro += 1
             tr.forwards += 1
         dtype = _DTYPES[tr.precision]
-        if dtype is None:
+        if dtype is None or not autocast:
             return inner(*args, **kwargs)
         with torch.autocast(device_type, dtype=dtype):
             out = inner(*args, **kwargs)
@@ -136,7 +146,7 @@ def backward(loss: torch.Tensor, **kwargs: Any) -> None:
     tr, backend = s.train, _require_backend(s)
     if tr.grad_accum > 1 and not backend.owns_accumulation:
         loss = loss / tr.grad_accum
-    if tr.precision == "fp16" and not backend.owns_accumulation:
+    if _jdist_scales(tr, backend):
         loss = scaler(s).scale(loss)
     backend.backward(loss, **kwargs)
     tr.backwards += 1
@@ -161,9 +171,15 @@ def clip_grad_norm_(model: Any, max_norm: float, norm_type: float = 2.0) -> floa
         if not any(id(p) in params for g in opt.param_groups for p in g["params"]):
             continue  # another model's optimizer
         backend.synchronize(opt.optimizer)
-        if tr.precision == "fp16" and tr.scaler is not None:
+        if _jdist_scales(tr, backend) and tr.scaler is not None:
             tr.scaler.unscale_(opt.optimizer)
     return backend.clip_grad_norm_(model, max_norm, norm_type)
+
+
+def _jdist_scales(tr: TrainState, backend: Backend) -> bool:
+    """Whether jdist's GradScaler scales the loss: fp16, unless the backend's engine owns the
+    precision, or owns accumulation (it steps on every micro-step, so it scales too)."""
+    return tr.precision == "fp16" and not (backend.owns_precision or backend.owns_accumulation)
 
 
 @contextlib.contextmanager
@@ -234,15 +250,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
             return out
         if not tr.sync:
             return None  # accumulation micro-step: gradients keep adding up
-        needs_backward = tr.precision == "fp16" or tr.grad_accum > 1
-        if needs_backward and tr.backwards == self._backwards_at_step:
+        scales = _jdist_scales(tr, backend)
+        if (scales or tr.grad_accum > 1) and tr.backwards == self._backwards_at_step:
             raise RuntimeError(
                 "With --precision fp16 or grad_accum > 1, compute gradients with jdist.backward(loss) "
                 "instead of loss.backward(): it scales the loss for the GradScaler and for accumulation."
             )
         self._backwards_at_step = tr.backwards
         out = None
-        if tr.precision == "fp16":
+        if scales:
             sc = scaler(s)
             backend.synchronize(self.optimizer)  # gradients complete before unscaling
             before = sc.get_scale()
@@ -317,10 +333,10 @@ def _is_scheduler(obj: Any) -> bool:
 
 
 def prepare(s: RankSession, objs: tuple[Any, ...], grad_accum: int | None = None, **options: Any) -> list[Any]:
-    """Prepare ``objs`` for the session's backend (see :func:`jdist.prepare`); models first, then
-    optimizers (which must see the prepared, maybe sharded, parameters), then schedulers."""
+    """Prepare ``objs`` for the session's backend (see :func:`jdist.prepare`): the models and
+    optimizers together through :meth:`Backend.prepare <jdist.rank.backends.Backend.prepare>`,
+    each optimizer with the model whose parameters it holds; then schedulers and loaders."""
     from .data import ResumableLoader
-    from .sources import ModelState
 
     backend, tr = _require_backend(s), s.train
     if grad_accum is not None:
@@ -330,35 +346,30 @@ def prepare(s: RankSession, objs: tuple[Any, ...], grad_accum: int | None = None
         tr.micro = 0
         tr.sync = True
     out: list[Any] = [None] * len(objs)
-    models: list[tuple[Any, Any]] = []  # (user's module, prepared)
     optimizer_options = {k: v for k, v in options.items() if k in backend.optimizer_options}
     model_options = {k: v for k, v in options.items() if k not in backend.optimizer_options}
     if model_options and not any(isinstance(o, torch.nn.Module) for o in objs):
         raise TypeError(f"jdist.prepare: options {', '.join(sorted(model_options))} are for the model; pass the "
                         "model in the same call.")
+    model_at = [i for i, o in enumerate(objs) if isinstance(o, torch.nn.Module)]
+    opt_at = [i for i, o in enumerate(objs) if isinstance(o, torch.optim.Optimizer) and not isinstance(o, PreparedOptimizer)]
+    models = [objs[i] for i in model_at]
+    earlier = [m for m in list(tr.models) if all(m is not x for x in models)]
+    prep = Preparation(models=models, optimizers=[(objs[i], _model_of(objs[i], models, earlier, backend)) for i in opt_at],
+                       model_options=model_options, optimizer_options=optimizer_options, grad_accum=tr.grad_accum)
+    prepared_models, prepared_opts = backend.prepare(prep)
+    for i, prepared in zip(model_at, prepared_models):
+        _wrap_forward(prepared, s)
+        tr.models.add(prepared)
+        out[i] = prepared
+    for i, inner in zip(opt_at, prepared_opts):
+        out[i] = PreparedOptimizer(inner, backend)
+        tr.optimizers.add(out[i])
     for i, obj in enumerate(objs):
-        if isinstance(obj, torch.nn.Module):
-            prepared = backend.prepare_model(obj, **model_options)
-            _wrap_forward(prepared, s)
-            tr.models.add(prepared)
-            models.append((obj, prepared))
-            out[i] = prepared
-    for i, obj in enumerate(objs):
-        if isinstance(obj, PreparedOptimizer):
-            out[i] = obj
-        elif isinstance(obj, torch.optim.Optimizer):
-            model = _model_of(obj, models)
-            inner = backend.prepare_optimizer(obj, model, grad_accum=tr.grad_accum, **optimizer_options)
-            prepared_opt = PreparedOptimizer(inner, backend)
-            tr.optimizers.add(prepared_opt)
-            out[i] = prepared_opt
-    for i, obj in enumerate(objs):
-        if isinstance(obj, PreparedScheduler):
+        if isinstance(obj, (PreparedOptimizer, PreparedScheduler, ResumableLoader)):
             out[i] = obj
         elif _is_scheduler(obj):
             out[i] = PreparedScheduler(obj, _optimizer_of(obj.optimizer, out, tr))
-        elif isinstance(obj, ResumableLoader):
-            out[i] = obj
         elif isinstance(obj, torch.utils.data.DataLoader):
             out[i] = ResumableLoader(obj)
         elif out[i] is None:
@@ -366,21 +377,19 @@ def prepare(s: RankSession, objs: tuple[Any, ...], grad_accum: int | None = None
                 f"jdist.prepare does not know what to do with a {type(obj).__name__}; pass torch.nn.Module, "
                 "torch.optim.Optimizer, LR scheduler or DataLoader objects."
             )
-    for source in s.sources:
-        if isinstance(source, ModelState):
-            source.invalidate()  # recount model+optimizer state at the next log
+    s.prepared()
     return out
 
 
-def _model_of(optimizer: torch.optim.Optimizer, models: list[tuple[Any, Any]]) -> Any:
-    """The prepared model whose (original or prepared) parameters the optimizer holds."""
+def _model_of(optimizer: torch.optim.Optimizer, models: list[Any], earlier: list[Any], backend: Backend) -> Any:
+    """The model whose parameters the optimizer holds, among ``models`` (this call's) and
+    ``earlier`` (prepared before), by :meth:`Backend.param_ids` (so also parameters a prepared
+    model replaced); the only model of this call if none holds them."""
     ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    for original, prepared in models:
-        known = {id(p) for p in original.parameters()} | {id(p) for p in prepared.parameters()}
-        known |= set(getattr(prepared, "_jdist_param_remap", {}))
-        if ids & known:
-            return prepared
-    return models[0][1] if len(models) == 1 else None
+    for model in [*models, *earlier]:
+        if ids & backend.param_ids(model):
+            return model
+    return models[0] if len(models) == 1 else None
 
 
 def _optimizer_of(optimizer: Any, prepared: list[Any], tr: TrainState) -> PreparedOptimizer | None:

@@ -28,14 +28,12 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import queue
 import signal
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Iterable
 
 from jdist.metrics import default_run_dir
-from jdist.options import describe
 from jdist.protocol import ActionResult, ClusterModel, ClusterState, RankModel, RunDetailModel, RunSummaryModel
 
 from .kernels import KernelWatcher
@@ -53,31 +51,6 @@ class ActionError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-async def wait_for_reply(get_msg: Callable[[float], Awaitable[dict[str, Any]]], msg_id: str,
-                         deadline: float) -> dict[str, Any] | None:
-    """The shell reply to ``msg_id``, or None when ``deadline`` (``time.monotonic()``) passes.
-
-    ``get_msg(timeout)`` raises ``queue.Empty`` when no message came within ``timeout``; any
-    other error (a closed channel) is raised at once instead of being polled until the deadline.
-
-    >>> async def closed(timeout): raise RuntimeError("channel closed")
-    >>> asyncio.run(wait_for_reply(closed, "m1", time.monotonic() + 60))
-    Traceback (most recent call last):
-    ...
-    RuntimeError: channel closed
-    """
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        try:
-            reply = await get_msg(remaining)
-        except (queue.Empty, TimeoutError):
-            continue
-        if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            return reply
 
 
 class JdistManager:
@@ -198,7 +171,7 @@ class JdistManager:
             hosts=sorted({r["host"] for r in ranks if r.get("host")}),
             devices=sorted({str(r["device"]) for r in ranks if r.get("device") is not None}),
             ranks=ranks,
-            options=describe(cfg),
+            options=data.get("options") or [],
             status="dead" if ranks and dead == len(ranks) else "degraded" if dead or problem else "running",
             problem=problem,
             started_at=started,
@@ -256,26 +229,20 @@ class JdistManager:
         if kstate != "idle":
             raise ActionError(409, f"The kernel is {kstate or 'not ready'}: {action} runs in the kernel "
                                    f"(%dist {action}) once it is idle. Interrupt the running cell first.")
-        from jupyter_core.utils import ensure_async
-
-        client = km.client()
+        client = km.client()  # the server's: a jupyter_client AsyncKernelClient
         client.start_channels()
+        mod = "__import__('jdist.kernel.actions', fromlist=['run_action'])"
         try:
-            mod = "__import__('jdist.kernel.actions', fromlist=['run_action'])"
-            msg_id = client.execute(
-                f"{mod}.run_action({action!r}, {data['cluster_id']!r})",
-                silent=True, store_history=False, allow_stdin=False,
-                user_expressions={"result": f"{mod}.LAST"},
-            )
-            try:
-                reply = await wait_for_reply(lambda t: ensure_async(client.get_shell_msg(timeout=t)), msg_id,
-                                             time.monotonic() + timeout)
-            except Exception as exc:
-                raise ActionError(500, f"%dist {action}: lost the kernel's reply ({type(exc).__name__}: {exc}).") from None
+            reply = await client.execute_interactive(
+                f"{mod}.run_action({action!r}, {data['cluster_id']!r})", silent=True, store_history=False,
+                allow_stdin=False, user_expressions={"result": f"{mod}.LAST"}, timeout=timeout,
+                output_hook=lambda msg: None)  # the action's output is the reply's result, not the server's stdout
+        except TimeoutError:
+            raise ActionError(504, f"%dist {action} did not finish within {timeout:.0f} s; it goes on in the kernel.") from None
+        except Exception as exc:
+            raise ActionError(500, f"%dist {action}: lost the kernel's reply ({type(exc).__name__}: {exc}).") from None
         finally:
             client.stop_channels()
-        if reply is None:
-            raise ActionError(504, f"%dist {action} did not finish within {timeout:.0f} s; it goes on in the kernel.")
         content = reply["content"]
         if content.get("status") != "ok":
             status = 409 if content.get("ename") == "ClusterChanged" else 500

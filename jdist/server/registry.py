@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jdist.procs import alive
-from jdist.protocol import STATE_VERSION, ClusterState, clusters_dir
+from jdist.paths import clusters_dir
+from jdist.protocol import STATE_VERSION, ClusterState
 
 #: Seconds to wait for a controller (connect, queue status, signal).
 CONTROLLER_TIMEOUT_S = 10.0

@@ -22,12 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
 from jdist.metrics import Run, RunReader, list_runs
-from jdist.metrics.panels import (MAX_POINTS, finite, loss_metric, panels, seconds_per_step, steps_done, thin,
-                                  thin_panel)
-from jdist.protocol import RunDetailModel, RunHeadModel, RunSummaryModel, Sparks
+from jdist.metrics.panels import MAX_POINTS, eta_s, panels, sparks, steps_done, thin_panel
+from jdist.metrics.stats import finite
+from jdist.protocol import RunDetailModel, RunHeadModel, RunSummaryModel
 
-#: Points per sparkline in the run list.
-SPARK_POINTS = 60
 #: Run views whose last reply is kept (a run view polls every second).
 DETAIL_CACHE = 8
 RUN_ID = re.compile(r"[A-Za-z0-9_.-]+")
@@ -55,25 +53,14 @@ def run_head(run: Run, live: set[str], notebook: str | None) -> RunHeadModel:
 
 
 def run_summary(run: Run, live: set[str], notebook: str | None) -> RunSummaryModel:
-    """A run for the sidebar's list: head, last values, sparklines of loss and step time."""
-    name = loss_metric(run)
-    loss = run.aggregate(name) if name else ([], [], [], [])
-    st = run.aggregate("step_time_s")
-    ls, lv = thin(loss[0], finite(loss[1]), max_points=SPARK_POINTS)
-    ss, sv = thin(st[0], finite(st[1]), max_points=SPARK_POINTS)
-    return RunSummaryModel(**run_head(run, live, notebook), loss_name=name,
-                           last_loss=finite(loss[1][-1:] or [None])[0],
-                           last_step_time_s=finite(st[1][-1:] or [None])[0],
-                           spark=Sparks(loss=(ls, lv), step_time=(ss, sv)))
+    """A run for the sidebar's list: head, and the sparkline of each panel that has one (with its last value)."""
+    return RunSummaryModel(**run_head(run, live, notebook), sparks=sparks(run))
 
 
 def run_detail(run: Run, live: set[str], notebook: str | None, path: Path) -> RunDetailModel:
     """A run for the run view: every dashboard panel, long lines thinned as in the live dashboard."""
     head = run_head(run, live, notebook)
-    per_step = seconds_per_step(run)
-    total, done = run.total_steps, head["steps_done"]
-    eta = (total - done) * per_step if per_step and total and run.status == "running" else None
-    return RunDetailModel(**head, code=run.code, path=str(path), eta_s=finite([eta])[0], summary=run.summary(),
+    return RunDetailModel(**head, code=run.code, path=str(path), eta_s=finite([eta_s(run)])[0], summary=run.summary(),
                           panels=[thin_panel(p, MAX_POINTS) for p in panels(run)])
 
 

@@ -6,8 +6,8 @@
 import { fmt } from './dom';
 
 const SVG = 'http://www.w3.org/2000/svg';
-export const BLUE = '#1f77b4';
-export const ORANGE = '#ff7f0e';
+/** The colour of a series that gives none (every panel of jdist/metrics/panels.py gives its own). */
+const DEFAULT_COLOR = '#1f77b4';
 
 type Num = number | null | undefined;
 
@@ -105,11 +105,11 @@ export function sparkline(
   const sx = (x: number) => 2 + ((x - x0) / (x1 - x0 || 1)) * (width - 4);
   const sy = (y: number) => height - 3 - ((y - ex[0]) / (ex[1] - ex[0] || 1)) * (height - 6);
   svg.appendChild(
-    s('path', { d: linePath(xs, ys, sx, sy), fill: 'none', stroke: opts.color ?? BLUE, 'stroke-width': 1.5, class: 'jp-jdist-spark-line' })
+    s('path', { d: linePath(xs, ys, sx, sy), fill: 'none', stroke: opts.color ?? DEFAULT_COLOR, 'stroke-width': 1.5, class: 'jp-jdist-spark-line' })
   );
   const last = [...ys.keys()].reverse().find(i => ok(ys[i]));
   if (last !== undefined) {
-    svg.appendChild(s('circle', { cx: sx(xs[last]), cy: sy(ys[last] as number), r: 2, fill: opts.color ?? BLUE }));
+    svg.appendChild(s('circle', { cx: sx(xs[last]), cy: sy(ys[last] as number), r: 2, fill: opts.color ?? DEFAULT_COLOR }));
   }
   return svg;
 }
@@ -165,33 +165,46 @@ function noData(f: IFrame, text = 'no data yet'): SVGSVGElement {
   return f.svg;
 }
 
-/** A line over steps, optionally with a min–max band around it (the loss panel). */
-export function lineChart(opts: {
-  width: number;
-  height: number;
-  title: string;
+/** One line of a line chart: values over steps, optionally with a min–max band around it. */
+export interface IChartLine {
+  name: string;
+  color?: string;
   steps: number[];
   values: Num[];
   low?: Num[];
   high?: Num[];
-  color?: string;
+}
+
+/** Lines over steps on one chart (a series with a band: the loss; its validation beside it), each
+ * named in the legend, a band as "min–max" (as the static summary, jdist/kernel/dashboard/static.py). */
+export function lineChart(opts: {
+  width: number;
+  height: number;
+  title: string;
+  series: IChartLine[];
   xTitle?: string;
   className?: string;
 }): SVGSVGElement {
-  const color = opts.color ?? BLUE;
-  const legend: [string, string][] = opts.low ? [['mean over ranks', color], ['min–max', `${color}4d`]] : [];
+  const legend: [string, string][] = [];
+  for (const s of opts.series) {
+    const color = s.color ?? DEFAULT_COLOR;
+    legend.push([s.name, color]);
+    if (s.low && s.high) {
+      legend.push(['min–max', `${color}4d`]);
+    }
+  }
   const f = frame(opts.width, opts.height, opts.title, legend);
   if (opts.className) {
     f.svg.classList.add(opts.className);
   }
-  const all = [...opts.values, ...(opts.low ?? []), ...(opts.high ?? [])];
+  const all = opts.series.flatMap(s => [...s.values, ...(s.low ?? []), ...(s.high ?? [])]);
   const ey = extent(all);
-  const xs = opts.steps;
-  if (!ey || xs.length === 0) {
+  const steps = opts.series.flatMap(s => s.steps);
+  if (!ey || steps.length === 0) {
     return noData(f);
   }
   const sy = yAxis(f, ey[0], ey[1]);
-  const [x0, x1] = [xs[0], xs[xs.length - 1]];
+  const [x0, x1] = [Math.min(...steps), Math.max(...steps)];
   const sx = (x: number) => f.plot.left + ((x - x0) / (x1 - x0 || 1)) * f.plot.width;
   const xticks = niceTicks(x0, x1 === x0 ? x0 + 1 : x1, Math.max(2, Math.floor(f.plot.width / 70))).filter(t => t >= x0 && t <= x1);
   for (const t of xticks) {
@@ -202,24 +215,35 @@ export function lineChart(opts: {
   f.svg.appendChild(
     s('text', { x: f.plot.left + f.plot.width, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, opts.xTitle ?? 'step')
   );
-  if (opts.low && opts.high) {
-    // the band: along the max forward, back along the min (runs of points where both exist)
+  for (const series of opts.series) {
+    drawSeries(f.svg, series, sx, sy);
+  }
+  return f.svg;
+}
+
+/** A series' band (along the max forward, back along the min, in runs of points where both
+ * exist), then its line; `data-series`/`data-points` name it and count its points (tests read them). */
+function drawSeries(svg: SVGSVGElement, series: IChartLine, sx: (x: number) => number, sy: (y: number) => number): void {
+  const color = series.color ?? DEFAULT_COLOR;
+  const xs = series.steps;
+  const { low, high } = series;
+  if (low && high) {
     let run: number[] = [];
     const flush = () => {
       if (run.length) {
-        const up = run.map(i => `${sx(xs[i]).toFixed(1)},${sy(opts.high![i] as number).toFixed(1)}`);
-        const down = [...run].reverse().map(i => `${sx(xs[i]).toFixed(1)},${sy(opts.low![i] as number).toFixed(1)}`);
-        f.svg.appendChild(s('path', { d: `M${up.join('L')}L${down.join('L')}Z`, fill: color, 'fill-opacity': 0.25, stroke: 'none', class: 'jp-jdist-band' }));
+        const up = run.map(i => `${sx(xs[i]).toFixed(1)},${sy(high[i] as number).toFixed(1)}`);
+        const down = [...run].reverse().map(i => `${sx(xs[i]).toFixed(1)},${sy(low[i] as number).toFixed(1)}`);
+        svg.appendChild(s('path', { d: `M${up.join('L')}L${down.join('L')}Z`, fill: color, 'fill-opacity': 0.25, stroke: 'none', class: 'jp-jdist-band' }));
       }
       run = [];
     };
-    xs.forEach((_, i) => (ok(opts.low![i]) && ok(opts.high![i]) ? run.push(i) : flush()));
+    xs.forEach((_, i) => (ok(low[i]) && ok(high[i]) ? run.push(i) : flush()));
     flush();
   }
-  const line = s('path', { d: linePath(xs, opts.values, sx, sy), fill: 'none', stroke: color, 'stroke-width': 1.8, class: 'jp-jdist-line' });
-  line.dataset.points = String(opts.values.filter(ok).length);
-  f.svg.appendChild(line);
-  return f.svg;
+  const line = s('path', { d: linePath(xs, series.values, sx, sy), fill: 'none', stroke: color, 'stroke-width': 1.8, class: 'jp-jdist-line' });
+  line.dataset.series = series.name;
+  line.dataset.points = String(series.values.filter(ok).length);
+  svg.appendChild(line);
 }
 
 /** Bars per category: `stacked` puts the series on top of each other, else side by side. */

@@ -49,6 +49,11 @@ function column(buffer: DataView, n: number): Col {
 }
 
 /** Apply one kernel message to the store's lines. */
+/** Where a series' points are kept: by panel and series name. */
+function lineKey(panel: string, series: string): string {
+  return `${panel}\u0000${series}`;
+}
+
 function applyPoints(store: IStore, msg: ILivePoints, buffers: DataView[]): void {
   const lines = (store.lines ??= {});
   if (store.seq !== undefined && msg.seq !== store.seq + 1) {
@@ -63,9 +68,10 @@ function applyPoints(store: IStore, msg: ILivePoints, buffers: DataView[]): void
     const y = column(buffers[b++], d.n);
     const low = d.band ? column(buffers[b++], d.n) : null;
     const high = d.band ? column(buffers[b++], d.n) : null;
-    let line = lines[d.panel];
+    const key = lineKey(d.panel, d.series);
+    let line = lines[key];
     if (!line || d.reset) {
-      line = lines[d.panel] = { x: [], y: [], low: d.band ? [] : null, high: d.band ? [] : null };
+      line = lines[key] = { x: [], y: [], low: d.band ? [] : null, high: d.band ? [] : null };
     } else if (d.replace_from !== null) {
       const from = d.replace_from;
       let keep = line.x.findIndex(v => v >= from);
@@ -86,7 +92,7 @@ function applyPoints(store: IStore, msg: ILivePoints, buffers: DataView[]): void
   });
 }
 
-/** The panels to draw: the layout's line panels filled with the store's points, the rest as sent. */
+/** The panels to draw: the layout's line panels, each series filled with the store's points; the rest as sent. */
 function currentPanels(layout: Panel[], whole: Panel[], lines: Record<string, ILine>): Panel[] {
   const byKey = new Map(whole.map(p => [p.key, p]));
   return layout.map(p => {
@@ -97,8 +103,13 @@ function currentPanels(layout: Panel[], whole: Panel[], lines: Record<string, IL
     if (p.kind !== 'line') {
       return p;
     }
-    const line = lines[p.key];
-    return line ? thinPanel({ ...p, series: p.series.map(s => ({ ...s, ...line, low: s.low ? line.low : null, high: s.high ? line.high : null })) }) : p;
+    return thinPanel({
+      ...p,
+      series: p.series.map(s => {
+        const line = lines[lineKey(p.key, s.name)];
+        return line ? { ...s, ...line, low: s.low ? line.low : null, high: s.high ? line.high : null } : s;
+      })
+    });
   });
 }
 

@@ -1,6 +1,6 @@
 /**
  * One dashboard panel drawn by its kind (jdist/metrics/panels.py defines them as data): a line
- * panel as a line chart (with its min–max band), a bar panel as bars per rank. The sidebar's run
+ * panel as a line chart of each of its series (with their min–max bands), a bar panel as bars per rank. The sidebar's run
  * view and the notebook's live dashboard (notebook.ts) draw every panel with this, and thin long
  * lines the way the kernel's static summary does (jdist.metrics.panels.thin).
  */
@@ -25,16 +25,11 @@ export function sizeLabel(unit: string): (v: number) => string {
 export function drawPanel(p: Panel, width: number, height: number): SVGSVGElement {
   const className = `jp-jdist-chart-${p.key}`;
   if (p.kind === 'line') {
-    const s = p.series[0];
     return lineChart({
       width,
       height,
       title: p.title,
-      steps: s?.x ?? [],
-      values: s?.y ?? [],
-      low: s?.low ?? undefined,
-      high: s?.high ?? undefined,
-      color: s?.color,
+      series: p.series.map(s => ({ name: s.name, color: s.color, steps: s.x, values: s.y, low: s.low ?? undefined, high: s.high ?? undefined })),
       xTitle: p.x_title,
       className
     });

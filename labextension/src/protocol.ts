@@ -7,8 +7,6 @@ export type RankState = 'idle' | 'busy' | 'dead' | 'unknown';
 
 export type ClusterStatus = 'running' | 'degraded' | 'dead';
 
-export type Series = [number[], (number | null)[]];
-
 export type Panel = ILinePanel | IBarPanel;
 
 export interface IRank {
@@ -57,9 +55,14 @@ export interface IClustersReply {
   clusters: ICluster[];
 }
 
-export interface ISparks {
-  loss: Series;
-  step_time: Series;
+export interface ISpark {
+  key: string;
+  label: string;
+  color: string;
+  unit: string;
+  x: number[];
+  y: (number | null)[];
+  last: number | null;
 }
 
 export interface IRunHead {
@@ -92,10 +95,7 @@ export interface IRunSummary {
   error: string | null;
   notebook: string | null;
   steps_done: number;
-  loss_name: string | null;
-  last_loss: number | null;
-  last_step_time_s: number | null;
-  spark: ISparks;
+  sparks: ISpark[];
 }
 
 export interface IRunsReply {

@@ -1,14 +1,15 @@
 /**
  * The "Distributed" sidebar: running clusters (per rank idle/busy/dead, interrupt/restart/stop)
- * and recent runs with live sparklines of loss and step time. Polls the REST API every second
- * while it is visible.
+ * and recent runs with live sparklines (one per dashboard panel that defines one: loss and step
+ * time, and plugins' panels). Polls the REST API every second while it is visible.
  */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { api, APIError, ICluster, IRunSummary } from './api';
-import { BLUE, ORANGE, sparkline } from './charts';
+import type { ISpark } from './protocol';
+import { sparkline } from './charts';
 import { duration, fmt, h, runTime, seconds, setChildren } from './dom';
 import { jdistIcon } from './icon';
 
@@ -329,7 +330,6 @@ export class DistributedSidebar extends Widget {
     row.el.dataset.status = r.status;
     const elapsed = (r.ended ?? Date.now() / 1000) - r.started;
     const steps = r.total_steps ? `step ${r.steps_done} / ${r.total_steps}` : `${r.steps_done} steps`;
-    const lossLabel = r.loss_name ?? 'loss';
     setChildren(
       row.head,
       h('span', { class: `jp-jdist-badge jp-jdist-run-${r.status}`, title: r.error ?? r.status }, r.status),
@@ -339,22 +339,7 @@ export class DistributedSidebar extends Widget {
     setChildren(
       row.body,
       h('div', { class: 'jp-jdist-meta jp-jdist-run-progress', 'data-steps': r.steps_done, title: r.notebook ?? '' }, `${notebook}${r.world_size} ranks · ${r.backend || '?'} · ${steps} · ${duration(elapsed)}`),
-      h(
-        'div',
-        { class: 'jp-jdist-sparks' },
-        h(
-          'div',
-          { class: 'jp-jdist-spark-box jp-jdist-spark-loss' },
-          h('div', { class: 'jp-jdist-spark-label' }, `${lossLabel} `, h('b', {}, fmt(r.last_loss, 3))),
-          sparkline(r.spark.loss[0], r.spark.loss[1], { color: BLUE, label: `${lossLabel} (mean over ranks) per step` })
-        ),
-        h(
-          'div',
-          { class: 'jp-jdist-spark-box jp-jdist-spark-steptime' },
-          h('div', { class: 'jp-jdist-spark-label' }, 'step time ', h('b', {}, seconds(r.last_step_time_s))),
-          sparkline(r.spark.step_time[0], r.spark.step_time[1], { color: ORANGE, label: 'step time (mean over ranks) per step' })
-        )
-      ),
+      h('div', { class: 'jp-jdist-sparks' }, ...r.sparks.map(sparkBox)),
       r.error && r.status !== 'interrupted' ? h('div', { class: 'jp-jdist-problem', title: r.error }, r.error) : null
     );
   }
@@ -366,4 +351,15 @@ export class DistributedSidebar extends Widget {
   private rows = new Map<string, IRunRow>();
   private timer: number | null = null;
   private busy = false;
+}
+
+/** One sparkline of a run (a panel's, jdist/metrics/panels.py Spark) with its newest value. */
+function sparkBox(s: ISpark): HTMLElement {
+  const value = s.unit === 's' ? seconds(s.last) : fmt(s.last, 3);
+  return h(
+    'div',
+    { class: `jp-jdist-spark-box jp-jdist-spark-${s.key}` },
+    h('div', { class: 'jp-jdist-spark-label' }, `${s.label} `, h('b', {}, value)),
+    sparkline(s.x, s.y, { color: s.color, label: `${s.label} (mean over ranks) per step` })
+  );
 }

@@ -1,4 +1,4 @@
-"""The kernel-free dashboard: every panel of :data:`jdist.metrics.panels.PANELS` drawn as one SVG
+"""The kernel-free dashboard: every panel (:func:`jdist.metrics.panels.panels`) drawn as one SVG
 image, which replaces the live view at the end of a cell so that a saved notebook shows the
 results without a kernel (JupyterLab, GitHub, nbviewer, VS Code all render ``image/svg+xml``).
 
@@ -6,8 +6,9 @@ Plain string building, no plotting library: the whole image takes a few millisec
 end of a cell costs the kernel next to nothing. Lines longer than
 :data:`~jdist.metrics.panels.MAX_POINTS` are thinned as in the live views (a bucket's mean, its
 band's min and max). The drawing follows ``labextension/src/charts.ts`` (the browser's charts).
-Each chart is a ``<g class="panel" data-panel="<key>">``; each line ``data-points`` holds its
-number of points, each bar ``data-value`` its value (tests read them).
+Each chart is a ``<g class="panel" data-panel="<key>">``; each line (one per series)
+``data-series`` its name and ``data-points`` its number of points, each bar ``data-value`` its
+value (tests read them).
 
 Example:
     >>> from jdist.metrics import Run
@@ -24,7 +25,8 @@ from typing import Any
 
 from jdist.metrics import Run
 from jdist.metrics.panels import panels, thin_panel
-from jdist.protocol import BarPanel, LinePanel, Panel
+from jdist.metrics.stats import is_number as _ok
+from jdist.protocol import BarPanel, LinePanel, LineSeries, Panel
 
 #: Size of one panel, in SVG pixels; two panels per row.
 PANEL_W, PANEL_H = 500, 280
@@ -69,10 +71,6 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return f"{float(f'{value:.{digits}g}')}"
 
 
-def _ok(v: Any) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
 def _text(x: float, y: float, s: str, cls: str, anchor: str = "start", size: int = 10, fill: str = "#555",
           weight: str = "normal") -> str:
     return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="{size}" fill="{fill}" '
@@ -113,18 +111,26 @@ class _Frame:
                                 anchor="middle", size=12, fill="#999"))
 
 
+def _legend(series: list[LineSeries]) -> list[tuple[str, str]]:
+    """Each series' name, and "min–max" for a band (as ``lineChart`` in charts.ts)."""
+    out = []
+    for s in series:
+        out.append((s["name"], s["color"]))
+        if s["low"] is not None:
+            out.append(("min–max", s["color"] + "4d"))
+    return out
+
+
 def _line_panel(p: LinePanel, x0: float, y0: float) -> list[str]:
-    s = p["series"][0] if p["series"] else None
-    band = s is not None and s["low"] is not None
-    legend = [(s["name"], s["color"]), ("min–max", s["color"] + "4d")] if s and band else []
-    f = _Frame(x0, y0, p["title"], legend)
-    xs = s["x"] if s else []
-    values = [v for v in (s["y"] + (s["low"] or []) + (s["high"] or []) if s else []) if _ok(v)]
-    if not xs or not values or s is None:
+    series = p["series"]
+    f = _Frame(x0, y0, p["title"], _legend(series))
+    xs_all = [x for s in series for x in s["x"]]
+    values = [v for s in series for v in (s["y"] + (s["low"] or []) + (s["high"] or [])) if _ok(v)]
+    if not xs_all or not values:
         f.no_data()
         return f.parts
     sy = f.y_axis(min(values), max(values))
-    lo_x, hi_x = xs[0], xs[-1]
+    lo_x, hi_x = min(xs_all), max(xs_all)
 
     def sx(x: float) -> float:
         return f.left + (x - lo_x) / ((hi_x - lo_x) or 1) * f.width
@@ -133,7 +139,16 @@ def _line_panel(p: LinePanel, x0: float, y0: float) -> list[str]:
         if lo_x <= t <= hi_x:
             f.parts.append(_text(sx(t), f.top + f.height + 14, fmt(t, 4), "tick", anchor="middle"))
     f.parts.append(_text(f.left + f.width, f.top + f.height + 28, p["x_title"], "axis", anchor="end"))
-    if band:
+    for s in series:
+        f.parts += _series(s, sx, sy)
+    return f.parts
+
+
+def _series(s: LineSeries, sx: Any, sy: Any) -> list[str]:
+    """One series: its band (runs of points where both ends exist), then its line."""
+    parts: list[str] = []
+    xs = s["x"]
+    if s["low"] is not None and s["high"] is not None:
         run: list[int] = []
         for i in range(len(xs) + 1):
             if i < len(xs) and _ok(s["low"][i]) and _ok(s["high"][i]):
@@ -142,8 +157,8 @@ def _line_panel(p: LinePanel, x0: float, y0: float) -> list[str]:
             if run:
                 up = [f"{sx(xs[j]):.1f},{sy(s['high'][j]):.1f}" for j in run]
                 down = [f"{sx(xs[j]):.1f},{sy(s['low'][j]):.1f}" for j in reversed(run)]
-                f.parts.append(f'<path d="M{"L".join(up)}L{"L".join(down)}Z" fill="{s["color"]}" '
-                               'fill-opacity="0.25" stroke="none" class="band"/>')
+                parts.append(f'<path d="M{"L".join(up)}L{"L".join(down)}Z" fill="{s["color"]}" '
+                             'fill-opacity="0.25" stroke="none" class="band"/>')
             run = []
     d, pen = [], False
     for x, y in zip(xs, s["y"]):
@@ -153,9 +168,9 @@ def _line_panel(p: LinePanel, x0: float, y0: float) -> list[str]:
         d.append(f"{'L' if pen else 'M'}{sx(x):.1f},{sy(y):.1f}")
         pen = True
     points = sum(1 for y in s["y"] if _ok(y))
-    f.parts.append(f'<path d="{"".join(d)}" fill="none" stroke="{s["color"]}" stroke-width="1.8" class="line" '
-                   f'data-series="{escape(s["name"])}" data-points="{points}"/>')
-    return f.parts
+    parts.append(f'<path d="{"".join(d)}" fill="none" stroke="{s["color"]}" stroke-width="1.8" class="line" '
+                 f'data-series="{escape(s["name"])}" data-points="{points}"/>')
+    return parts
 
 
 def _bar_panel(p: BarPanel, x0: float, y0: float) -> list[str]:

@@ -39,7 +39,7 @@ from typing import Any
 
 from jdist.metrics import Run
 from jdist.metrics.live import LivePanels, LiveUpdate
-from jdist.metrics.panels import seconds_per_step, steps_done
+from jdist.metrics.panels import eta_s, steps_done
 from jdist.protocol import DashboardHead, LiveLine, LivePoints
 
 from .static import static_bundle
@@ -130,10 +130,11 @@ class Dashboard:
         """The header and progress line as last sent, e.g. ``progress`` ``"step 12 / 100, ETA 01:30"``."""
         return self._widget.head  # type: ignore[no-any-return]
 
-    def points(self, panel: str) -> dict[str, list[float]]:
-        """The points of a line panel the browser holds after the updates so far: ``x``, ``y``, ``low``,
-        ``high`` (NaN where no value). Computed again on each call, for tests and debugging."""
-        x, y, low, high = self.live.sent(panel)
+    def points(self, panel: str, series: str | None = None) -> dict[str, list[float]]:
+        """The points of a series of a line panel (default: its first) the browser holds after the
+        updates so far: ``x``, ``y``, ``low``, ``high`` (NaN where no value). Computed again on each
+        call, for tests and debugging."""
+        x, y, low, high = self.live.sent(panel, series)
         return {"x": x, "y": y, "low": low, "high": high}
 
     def show(self) -> None:
@@ -220,13 +221,13 @@ class Dashboard:
         if run.total_steps is None:
             progress = f"{done} steps, elapsed {_mmss(elapsed)}"
         else:
-            per_step = seconds_per_step(run)
+            eta = eta_s(run)
             if run.status != "running":
                 tail = f"elapsed {_mmss(elapsed)}"
-            elif per_step is None:
+            elif eta is None:
                 tail = "ETA --:--"
             else:
-                tail = f"ETA {_mmss((run.total_steps - done) * per_step)}"
+                tail = f"ETA {_mmss(eta)}"
             progress = f"step {done} / {run.total_steps}, {tail}"
         return DashboardHead(
             title=f"run {run.run_id} · {run.world_size} ranks · {run.backend or 'no backend'} on {run.device_kind}",

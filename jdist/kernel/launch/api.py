@@ -7,23 +7,31 @@ rank and its cause, the ranks' stacks while they are blocked, and ending what is
 cluster (:class:`jdist.kernel.cluster.ClusterSession`) only talks to this interface, never to
 rank processes directly, so nothing assumes that the ranks run on the kernel's host.
 
+A launcher owns its options (:attr:`RankLauncher.options`: ``--hosts`` is the ssh launcher's),
+their checks (:meth:`RankLauncher.check`) and what they imply (:meth:`RankLauncher.complete`);
+they join the one option table (:func:`jdist.plugins.option_table`). What it must learn from
+the ranks comes back generically: the environment variables it names in
+:attr:`RankLauncher.report_env` arrive as each rank's ``RankInfo["launcher"]``.
+
 Launchers are found by name through the ``jdist.launchers`` entry points
 (:func:`jdist.plugins.launcher_class`; ``--launcher NAME``). jdist's own:
 ``local-mpi`` (:class:`jdist.kernel.launch.local_mpi.LocalMPILauncher`), ``ssh`` and ``slurm``
-(:mod:`jdist.kernel.launch.remote`: ranks on other hosts).
+(:mod:`jdist.kernel.launch.remote`: ranks on other hosts); what MPI launchers share is
+:mod:`jdist.kernel.launch.mpi`.
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from jdist.options import ClusterConfig
-from jdist.protocol import RankInfo
+from jdist.options import ClusterConfig, Option
+from jdist.procs import popen_alive
+from jdist.protocol import NetworkPlan, RankInfo
 from jdist.stacks import Frame, Sample
+from jdist.waiting import poll_until
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,31 @@ class RankLauncher(ABC):
     #: Whether ranks may run on other hosts than the kernel's: then no file or PID of this host
     #: reaches them, and a reaper ends :meth:`processes` if the kernel dies (:mod:`jdist.kernel.reaper`).
     remote: ClassVar[bool] = False
+    #: This launcher's own ``%%distributed`` options (read them with :meth:`option`).
+    options: ClassVar[tuple[Option, ...]] = ()
+    #: Environment variables each rank reports back in ``RankInfo["launcher"]`` (:meth:`watch` gets them).
+    report_env: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: ClusterConfig, work_dir: Path):
         self.config = config
         self.work_dir = work_dir  # private to the cluster (0700)
         self.ipp: Any = None  # the ipyparallel.Cluster, after attach()
+
+    # -- options --------------------------------------------------------------------------------
+    @classmethod
+    def check(cls, config: ClusterConfig) -> None:
+        """Raise ValueError with the fix for settings this launcher cannot run (pure: no probing;
+        called when ``--launcher`` selects it)."""
+
+    @classmethod
+    def complete(cls, given: dict[str, Any]) -> None:
+        """Fill, in the options a line gives (by name), what this launcher's options imply (pure),
+        e.g. the rank count from a host list."""
+
+    def option(self, name: str) -> Any:
+        """The value of this launcher's option ``name`` (its default when not given)."""
+        default = next(o.default for o in self.options if o.name == name)
+        return self.config.get(name, default)
 
     # -- starting ---------------------------------------------------------------------------
     def probe(self) -> None:
@@ -98,6 +126,18 @@ class RankLauncher(ABC):
                 pass
         return text
 
+    def network(self) -> NetworkPlan | None:
+        """How ranks on other hosts find each other (sent to every rank at set-up); None: every
+        rank runs on this host (loopback only)."""
+        return None
+
+    def engine_launcher_ended(self) -> bool:
+        """Whether an engine launcher process (mpiexec, srun...) has ended. Asked of the process
+        itself: ipyparallel's ``on_stop`` callbacks run on the kernel's IOLoop, which does not run
+        while a cell blocks the main thread (nor in a script without a loop)."""
+        return any(el.state == "after" or not popen_alive(getattr(el, "process", None))
+                   for el in self.engine_launchers())
+
     @abstractmethod
     def exited_early(self) -> str | None:
         """The output of an engine launcher that ended before every rank registered, else None."""
@@ -135,12 +175,7 @@ class RankLauncher(ABC):
     def wait_ended(self, ranks: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s until all ``ranks`` rank processes have ended by themselves
         (:meth:`deaths`); whether they did."""
-        deadline = time.monotonic() + timeout
-        while len(self.deaths()) < ranks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        return poll_until(lambda: len(self.deaths()) >= ranks, timeout, interval=0.005)
 
     def ranks_ended(self) -> None:
         """Every rank process ended by itself (the cluster is stopping): end whatever only waits

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import select
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -25,39 +24,16 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from jdist.errors import ClusterError
-from jdist.procs import alive, mpi_shm_segments, pid_alive, popen_alive
+from jdist.procs import alive, mpi_shm_segments, pid_alive
 from jdist.protocol import ProcessIdentity, RankInfo
 from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
+from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
+from .mpi import ENGINE_MODULE, cause_of_exit, engine_set_launcher, engine_shell, mpiexec_path
 
-#: Shell around each engine: forwards the launcher's signals, then records the exit status.
-#: (A background job of a non-interactive shell starts with SIGINT ignored; the engine
-#: installs its own SIGINT handler, so interrupts still work.)
-#: The rank's program. (Importing torch in it before or while it registers did not start ranks
-#: sooner on 2 cores, and a torch imported outside the main thread crashes torch.profiler.)
-ENGINE_MODULE = "ipyparallel.engine"
-RANK_WRAPPER = (
-    '"$@" & child=$!; '
-    "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
-    "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
-    "echo $code > {exit_file}; exit $code"
-)
-
-
-def mpiexec_path() -> str:
-    """The ``mpiexec`` of the running environment (``sys.prefix/bin``), else the one on PATH."""
-    candidate = Path(sys.prefix) / "bin" / "mpiexec"
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("mpiexec")
-    if found:
-        return found
-    raise ClusterError(
-        f"No mpiexec found in {candidate.parent} or on PATH. Install MPI into this environment: "
-        f"{sys.executable} -m pip install mpich mpi4py"
-    )
+#: The shell around each engine: records the rank's own exit status in the cluster's folder.
+RANK_WRAPPER = engine_shell(after="echo $code > {exit_file}; exit $code")
 
 
 def local_mpiexec() -> str:
@@ -79,48 +55,6 @@ def oom_kills() -> int | None:
     return None
 
 
-def _engine_set_launcher() -> type:
-    """ipyparallel's MPI engine launcher, reading mpiexec's output leniently.
-
-    The ranks share one output file; gforker may split a multi-byte character between
-    two writes (gloo's error text ends in an emoji), and ipyparallel's strict UTF-8 read
-    would then fail inside its stop callback.
-    """
-    from ipyparallel.cluster.launcher import MPIEngineSetLauncher
-
-    class JdistMPIEngineSetLauncher(MPIEngineSetLauncher):
-        def get_output(self, remove: bool = False) -> str:
-            if self._output is None and self.output_file:
-                try:
-                    with open(self.output_file, "rb") as f:
-                        self._output = f.read().decode("utf-8", errors="replace")
-                except FileNotFoundError:
-                    pass
-            return super().get_output(remove=remove)
-
-    return JdistMPIEngineSetLauncher
-
-
-def _cause(code: int | None, oom: bool) -> str:
-    """A rank's exit status (128+N: killed by signal N) in words.
-
-    >>> _cause(137, False)
-    'killed by SIGKILL (kill -9, or the out-of-memory killer)'
-    >>> _cause(3, False)
-    'the process exited with code 3 (os._exit or sys.exit in the cell, or a crash)'
-    """
-    if oom:
-        return "killed by the out-of-memory killer (the machine ran out of memory)"
-    if code == 128 + signal.SIGKILL:
-        return "killed by SIGKILL (kill -9, or the out-of-memory killer)"
-    if code is not None and code > 128:
-        num = code - 128
-        return f"killed by {signal.Signals(num).name}" if num in signal.valid_signals() else f"killed by signal {num}"
-    if code is not None:
-        return f"the process exited with code {code} (os._exit or sys.exit in the cell, or a crash)"
-    return "the process ended (cause unknown)"
-
-
 class LocalMPILauncher(RankLauncher):
     """MPI ranks on this machine (see the module doc)."""
 
@@ -140,7 +74,7 @@ class LocalMPILauncher(RankLauncher):
         mpiexec_path()
 
     def engine_launcher_class(self) -> type:
-        return _engine_set_launcher()
+        return engine_set_launcher()
 
     def configure(self, ipp_config: Any) -> None:
         # the engines read the controller's connection file from the (local) profile directory, so
@@ -191,13 +125,12 @@ class LocalMPILauncher(RankLauncher):
         if now - self._noted_at >= 0.25:  # while the ranks start: the processes to end if the start fails
             self._noted_at = now
             self.note_job()
-        for launcher in self.engine_launchers():
-            if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
-                try:
-                    return launcher.get_output(remove=False).strip() or "(no output)"
-                except OSError:
-                    return "(no output captured)"
-        return None
+        if not self.engine_launcher_ended():
+            return None
+        try:
+            return self.output().strip() or "(no output)"
+        except OSError:
+            return "(no output captured)"
 
     # -- while the ranks run ----------------------------------------------------------------
     def watch(self, ranks: Sequence[RankInfo]) -> None:
@@ -233,19 +166,17 @@ class LocalMPILauncher(RankLauncher):
     def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
         """The cause comes from the rank's own exit status, written by the shell around its engine;
         a higher out-of-memory kill count than at the cell's start means the OOM killer acted."""
-        deadline = time.monotonic() + wait
         self._end_survivors()
         first = dead[0] if dead else None
         exit_file = self.work_dir / f"exit-{first}"
-        while time.monotonic() < deadline and not exit_file.exists():
-            time.sleep(0.02)
+        poll_until(exit_file.exists, wait, interval=0.02)
         try:
             code: int | None = int(exit_file.read_text())
         except (OSError, ValueError):
             code = None
         oom_now = oom_kills()
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
-        return RankDeath(first, _cause(code, oom), self.output().strip()[-2000:])
+        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:])
 
     def _end_survivors(self) -> None:
         """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""
@@ -258,9 +189,8 @@ class LocalMPILauncher(RankLauncher):
                     proc.kill()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
-        deadline = time.monotonic() + 1.0  # until they have ended, so status says dead for every rank
-        while len(self.deaths()) < len(self._ranks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # until they have ended, so status says dead for every rank
+        poll_until(lambda: len(self.deaths()) >= len(self._ranks), 1.0, interval=0.01)
 
     def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
         """SIGUSR1 by PID; each rank's faulthandler appends its dump to ``rank-<r>.txt`` in the work folder."""
@@ -275,15 +205,17 @@ class LocalMPILauncher(RankLauncher):
             except ProcessLookupError:
                 pass
         out: dict[int, list[Frame]] = {}
-        deadline = time.monotonic() + timeout
-        while len(out) < len(ranks) and time.monotonic() < deadline:
-            time.sleep(0.02)
+
+        def read() -> bool:
             for info in ranks:
                 r = info["rank"]
                 if r not in out and files[r].exists():
                     frames = parse_faulthandler(files[r].read_text(), info["main_thread"])
                     if frames:
                         out[r] = frames
+            return len(out) >= len(ranks)
+
+        poll_until(read, timeout, interval=0.02)
         return {info["rank"]: out.get(info["rank"], []) for info in ranks}
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
@@ -298,15 +230,17 @@ class LocalMPILauncher(RankLauncher):
             except ProcessLookupError:
                 pass
         out: dict[int, Sample] = {}
-        deadline = time.monotonic() + timeout
-        while len(out) < len(ranks) and time.monotonic() < deadline:
-            time.sleep(0.002)
+
+        def read() -> bool:
             for r, path in files.items():
                 if r not in out:
                     try:
                         out[r] = parse_sample(path.read_text())
                     except FileNotFoundError:
                         continue
+            return len(out) >= len(ranks)
+
+        poll_until(read, timeout, interval=0.002)
         return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
 
     def stopping(self) -> None:
@@ -330,9 +264,7 @@ class LocalMPILauncher(RankLauncher):
                 psutil.Process(ident["pid"]).kill()
             except psutil.Error:
                 pass
-        deadline = time.monotonic() + wait
-        while any(alive(ident) for ident in left) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        poll_until(lambda: not any(alive(ident) for ident in left), wait, interval=0.02)
 
     def ranks_ended(self) -> None:
         """mpiexec's process manager takes about a second to notice that its ranks are gone;

@@ -19,11 +19,15 @@ kernel's host may run none of the ranks, so nothing here uses a PID of a rank:
 Engines read the controller's connection file (0600) from the profile folder: the hosts must
 share that filesystem (the usual HPC home), and the session key is never in an environment
 that hydra or srun copy over the network.
+
+Their options are theirs: ``--hosts``/``--hostfile`` (ssh), ``--slurm``/``-N`` (slurm) and
+``--ip``/``--iface`` (both), with their checks (:meth:`SSHLauncher.check`...).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import shlex
@@ -31,7 +35,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -45,13 +48,14 @@ from jdist.network import (
     resolve,
     route_source,
 )
-from jdist.options import parse_hosts, read_hostfile
+from jdist.options import ClusterConfig, Option, Scope
 from jdist.procs import popen_alive
-from jdist.protocol import SAMPLE_KEY, RankInfo, sample_parent_id
+from jdist.protocol import SAMPLE_KEY, NetworkPlan, RankInfo, sample_parent_id
 from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
+from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
-from .local_mpi import ENGINE_MODULE, _cause, _engine_set_launcher, mpiexec_path
+from .mpi import ENGINE_MODULE, cause_of_exit, engine_set_launcher, engine_shell, mpiexec_path
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
@@ -62,15 +66,11 @@ from .local_mpi import ENGINE_MODULE, _cause, _engine_set_launcher, mpiexec_path
 #: removes them (it ends with the engine, within 0.2 s).
 SHM_CLEANUP = ('if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
                'rm -f "$JDIST_SHM_NOTE"; fi')
-REMOTE_WRAPPER = (
-    'JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; '
-    '"$@" & child=$!; '
-    "setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
-    + "' jdist-shm-watch $child </dev/null >/dev/null 2>&1 & "
-    "for sig in TERM HUP INT USR1 USR2; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
-    "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; "
-    + SHM_CLEANUP + "; "
-    'echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code'
+REMOTE_WRAPPER = engine_shell(
+    before='JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; ',
+    started=("setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
+             + "' jdist-shm-watch $child </dev/null >/dev/null 2>&1 & "),
+    after=SHM_CLEANUP + '; echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code',
 )
 EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
 #: A remote engine ends itself after this many missed controller heartbeats (each check waits the
@@ -79,13 +79,80 @@ ENGINE_HEARTBEAT_MISSES = 10
 #: How long a host check (ssh + python) may take.
 PROBE_TIMEOUT_S = 20.0
 
+IP = Option("ip", ("--ip",), "With ranks on other hosts: the address of this machine (and of rank 0's host for the "
+            "process group) that the others reach; jdist's listeners bind it (default: the address of the route "
+            "to the first host).", Scope.RESTART, type=str, metavar="ADDR")
+IFACE = Option("iface", ("--iface",), "With ranks on other hosts: the network interface for jdist's traffic and "
+               "gloo/NCCL on every host (default: the one that routes to rank 0).", Scope.RESTART, type=str,
+               metavar="NAME")
+HOSTS = Option("hosts", ("--hosts",), "Run the ranks on these hosts over ssh (MPICH hydra): gpu1:4,gpu2:4 gives 4 "
+               "ranks per host (-n/--gpus default to the total); the same Python path on each, a shared home "
+               "(docs/multinode.md).", Scope.RESTART, type=str, metavar="HOST:N,...", implies=True)
+HOSTFILE = Option("hostfile", ("--hostfile",), "Like --hosts, from a file: one host[:ranks] per line.", Scope.RESTART,
+                  type=str, metavar="FILE", implies=True)
+SLURM = Option("slurm", ("--slurm",), "Run the ranks as a Slurm job step (srun --mpi=pmi2): inside an allocation "
+               "as it is; outside one, give srun's own options in quotes, e.g. --slurm \"-p gpu -A proj -t 60\".",
+               Scope.RESTART, type=str, metavar="\"SRUN OPTIONS\"", const="", implies=True)
+NODES = Option("nodes", ("-N", "--nodes"), "With --slurm: the number of nodes (srun -N).", Scope.RESTART, type=int,
+               metavar="NODES")
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``--hosts`` (or a hostfile's lines) as ``[(host, ranks)]``; a host without ``:N`` gets 1.
+
+    >>> parse_hosts("gpu1:4,gpu2:4")
+    [('gpu1', 4), ('gpu2', 4)]
+    >>> parse_hosts("node1, node2:2")
+    [('node1', 1), ('node2', 2)]
+    >>> parse_hosts("gpu1:x")
+    Traceback (most recent call last):
+    ...
+    ValueError: --hosts: 'gpu1:x' is not host or host:N (N ranks, at least 1); e.g. --hosts gpu1:4,gpu2:4.
+    """
+    out = []
+    for item in text.replace("\n", ",").split(","):
+        item = item.split("#", 1)[0].strip()
+        if not item:
+            continue
+        host, _, count = item.partition(":")
+        if not host or any(c.isspace() for c in host) or (count and not (count.isdigit() and int(count) >= 1)):
+            raise ValueError(f"--hosts: {item!r} is not host or host:N (N ranks, at least 1); "
+                             "e.g. --hosts gpu1:4,gpu2:4.")
+        out.append((host, int(count) if count else 1))
+    if not out:
+        raise ValueError("--hosts: no host given; e.g. --hosts gpu1:4,gpu2:4.")
+    return out
+
+
+def read_hostfile(path: str) -> list[tuple[str, int]]:
+    """A hostfile's hosts (one ``host[:N]`` per line, ``#`` comments), as :func:`parse_hosts`."""
+    try:
+        text = open(os.path.expanduser(path)).read()
+    except OSError as exc:
+        raise ValueError(f"--hostfile {path}: {exc.strerror}; give a file with one host[:ranks] per line.") from None
+    try:
+        return parse_hosts(text)
+    except ValueError as exc:
+        raise ValueError(f"--hostfile {path}: {str(exc).removeprefix('--hosts: ')}") from None
+
 
 class RemoteMPILauncher(RankLauncher):
     """What ``--hosts`` and ``--slurm`` share (see the module doc); subclasses say the command."""
 
     remote: ClassVar[bool] = True
+    options: ClassVar[tuple[Option, ...]] = (IP, IFACE)
 
-    def __init__(self, config: Any, work_dir: Path):
+    @classmethod
+    def check(cls, config: ClusterConfig) -> None:
+        ip = config.get("ip")
+        if ip is not None:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"--ip {ip!r} is not an IP address; give one of this machine's "
+                                 "addresses, e.g. --ip 10.1.2.3 (or --iface NAME).") from None
+
+    def __init__(self, config: ClusterConfig, work_dir: Path):
         super().__init__(config, work_dir)
         self._address: str | None = None
         self._ranks: list[RankInfo] = []
@@ -109,18 +176,21 @@ class RemoteMPILauncher(RankLauncher):
         assert self._address is not None, "probe() chooses the address"
         return self._address
 
+    def network(self) -> NetworkPlan:
+        return NetworkPlan(controller_ip=self.controller_ip, ip=self.option("ip"), iface=self.option("iface"))
+
     def choose_address(self) -> str:
         """``--ip``, else ``--iface``'s address, else the address of the route to the first host."""
-        cfg = self.config
-        if cfg.ip:
-            if interface_of(cfg.ip) is None:
-                raise ClusterError(f"--ip {cfg.ip} is not an address of this machine; its addresses are on "
+        ip, iface = self.option("ip"), self.option("iface")
+        if ip:
+            if interface_of(ip) is None:
+                raise ClusterError(f"--ip {ip} is not an address of this machine; its addresses are on "
                                    f"{', '.join(interfaces())} (--iface NAME picks one).")
-            return cfg.ip
-        if cfg.iface:
-            addr = address_of(cfg.iface)
+            return ip
+        if iface:
+            addr = address_of(iface)
             if addr is None:
-                raise ClusterError(f"--iface {cfg.iface}: no such interface with an IPv4 address here; "
+                raise ClusterError(f"--iface {iface}: no such interface with an IPv4 address here; "
                                    f"choose one of {', '.join(interfaces())}.")
             return addr
         host = self.first_host()
@@ -143,7 +213,7 @@ class RemoteMPILauncher(RankLauncher):
         return True
 
     def engine_launcher_class(self) -> type:
-        return _engine_set_launcher()
+        return engine_set_launcher()
 
     def configure(self, ipp_config: Any) -> None:
         # engines read the connection file (0600, a shared home): the HMAC key never travels in an
@@ -173,13 +243,10 @@ class RemoteMPILauncher(RankLauncher):
         return out.decode("utf-8", "replace")
 
     def exited_early(self) -> str | None:
-        for launcher in self.engine_launchers():
-            if launcher.state == "after" or not popen_alive(getattr(launcher, "process", None)):
-                deadline = time.monotonic() + 1.0  # ipyparallel writes what it printed last a moment later
-                while not self.output().strip() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                return self.output().strip()[-3000:] or "(no output)"
-        return None
+        if not self.engine_launcher_ended():
+            return None
+        poll_until(lambda: self.output().strip(), 1.0)  # ipyparallel writes what it printed last a moment later
+        return self.output().strip()[-3000:] or "(no output)"
 
     # -- while the ranks run ----------------------------------------------------------------
     def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
@@ -220,12 +287,13 @@ class RemoteMPILauncher(RankLauncher):
     def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
         """The first rank whose exit line came back, and its status. The launcher ends the job
         (hydra at once, srun with --kill-on-bad-exit); after ``wait`` s it is told to."""
-        deadline = time.monotonic() + wait
         first = dead[0] if dead else None
-        while time.monotonic() < deadline and not self._all_ended:
+
+        def ended() -> bool:
             self._scan()
-            time.sleep(0.05)
-        if not self._all_ended:
+            return self._all_ended
+
+        if not poll_until(ended, wait):
             for launcher in self.engine_launchers():
                 try:
                     launcher.signal(signal.SIGTERM)
@@ -233,7 +301,7 @@ class RemoteMPILauncher(RankLauncher):
                     pass
         code = self._exits.get(first) if first is not None else None
         host = next((info["host"] for info in self._ranks if info["rank"] == first), None)
-        cause = _cause(code, False)
+        cause = cause_of_exit(code, False)
         if code is None:
             cause = "the rank's process or its host went away (no exit status came back)"
         if host:
@@ -243,7 +311,7 @@ class RemoteMPILauncher(RankLauncher):
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""
-        from jdist.protocol import decode_data
+        from jdist.codec import decode_data
 
         client = self.client
         if client is None:
@@ -259,12 +327,14 @@ class RemoteMPILauncher(RankLauncher):
         except Exception:  # engines gone: no samples
             return {info["rank"]: Sample() for info in ranks}
         out: dict[int, Sample] = {}
-        deadline = time.monotonic() + timeout
-        while len(out) < len(wanted) and time.monotonic() < deadline:
-            time.sleep(0.005)
+
+        def read() -> bool:
             for r, md in wanted.items():
                 if r not in out and SAMPLE_KEY in md["data"]:
                     out[r] = parse_sample(decode_data(md["data"][SAMPLE_KEY]))
+            return len(out) >= len(wanted)
+
+        poll_until(read, timeout, interval=0.005)
         return {info["rank"]: out.get(info["rank"], Sample()) for info in ranks}
 
     def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
@@ -274,11 +344,8 @@ class RemoteMPILauncher(RankLauncher):
 
     def ranks_ended(self) -> None:
         """hydra and srun end by themselves once every rank has ended: give them a moment first."""
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            if not any(popen_alive(getattr(el, "process", None)) for el in self.engine_launchers()):
-                return
-            time.sleep(0.02)
+        poll_until(lambda: not any(popen_alive(getattr(el, "process", None)) for el in self.engine_launchers()), 2.0,
+                   interval=0.02)
 
     def processes(self) -> list[int]:
         """PIDs on this host that the reaper ends if the kernel dies: the launcher processes."""
@@ -351,12 +418,34 @@ class SSHLauncher(RemoteMPILauncher):
 
     name = "ssh"
     program = "mpiexec (hydra over ssh)"
+    options = (HOSTS, HOSTFILE, IP, IFACE)
+
+    @classmethod
+    def complete(cls, given: dict[str, Any]) -> None:
+        """``-n`` defaults to the hosts' total; a hostfile is read now (one clear line, not an error of mpiexec later)."""
+        if not (given.get("hosts") or given.get("hostfile")):
+            return
+        hosts = parse_hosts(given["hosts"]) if given.get("hosts") else read_hostfile(given["hostfile"])
+        if "n" not in given:
+            given.update(n=sum(count for _, count in hosts), gpus=False)
+
+    @classmethod
+    def check(cls, config: ClusterConfig) -> None:
+        hosts, hostfile = config.get("hosts"), config.get("hostfile")
+        if hosts is None and hostfile is None:
+            raise ValueError("--launcher ssh needs the hosts: give --hosts gpu1:4,gpu2:4 or --hostfile FILE.")
+        if hosts is not None:
+            total = sum(count for _, count in parse_hosts(hosts))  # names a malformed list
+            if total < config.n:
+                raise ValueError(f"--hosts {hosts} has room for {total} rank(s), but {config.ranks_flag} asks "
+                                 f"for {config.n}: add ranks per host (host:N) or leave {config.ranks_flag.split()[0]} out.")
+        super().check(config)
 
     def hosts(self) -> list[tuple[str, int]]:
-        if self.config.hosts:
-            return parse_hosts(self.config.hosts)
-        if self.config.hostfile:
-            return read_hostfile(self.config.hostfile)
+        if self.option("hosts"):
+            return parse_hosts(self.option("hosts"))
+        if self.option("hostfile"):
+            return read_hostfile(self.option("hostfile"))
         raise ClusterError("--launcher ssh needs --hosts or --hostfile.")
 
     def first_host(self) -> str | None:
@@ -406,8 +495,8 @@ class SSHLauncher(RemoteMPILauncher):
         hydra = str(Path(mpiexec_path()).with_name("mpiexec.hydra"))
         spec = ",".join(f"{h}:{n}" for h, n in self.hosts())
         cmd = [hydra, "-launcher", "ssh", "-hosts", spec]
-        if self.config.iface:
-            cmd += ["-iface", self.config.iface]
+        if self.option("iface"):
+            cmd += ["-iface", self.option("iface")]
         return cmd
 
 
@@ -416,17 +505,28 @@ class SlurmLauncher(RemoteMPILauncher):
 
     name = "slurm"
     program = "srun"
+    options = (SLURM, NODES, IP, IFACE)
+    #: the job step the ranks run in comes back from them
+    report_env = ("SLURM_JOB_ID", "SLURM_STEP_ID")
 
-    def __init__(self, config: Any, work_dir: Path):
+    @classmethod
+    def check(cls, config: ClusterConfig) -> None:
+        nodes = config.get("nodes")
+        if nodes is not None and not 1 <= nodes <= config.n:
+            raise ValueError(f"-N {nodes}: give 1 to {config.n} nodes for {config.ranks_flag}.")
+        super().check(config)
+
+    def __init__(self, config: ClusterConfig, work_dir: Path):
         super().__init__(config, work_dir)
         self.step: str | None = None  # "<job>.<step>", from the ranks
         self.own_job = "SLURM_JOB_ID" not in os.environ  # srun asked for the allocation itself
 
     def describe(self) -> str:
-        return " as a Slurm job step (srun" + (f" -N {self.config.nodes}" if self.config.nodes else "") + ")"
+        nodes = self.option("nodes")
+        return " as a Slurm job step (srun" + (f" -N {nodes}" if nodes else "") + ")"
 
     def srun_args(self) -> list[str]:
-        return shlex.split(self.config.slurm or "")
+        return shlex.split(self.option("slurm") or "")
 
     def probe(self) -> None:
         for tool in ("srun", "scontrol"):
@@ -464,13 +564,13 @@ class SlurmLauncher(RemoteMPILauncher):
 
     def mpi_cmd(self) -> list[str]:
         cmd = ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "--job-name=jdist"]
-        if self.config.nodes:
-            cmd += ["-N", str(self.config.nodes)]
+        if self.option("nodes"):
+            cmd += ["-N", str(self.option("nodes"))]
         return cmd + self.srun_args()
 
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         super().watch(ranks)
-        steps = {info.get("slurm_step") for info in ranks} - {None}
+        steps = {step_of(info) for info in ranks} - {None}
         self.step = steps.pop() if len(steps) == 1 else None
 
     def cleanup_commands(self) -> list[list[str]]:
@@ -490,3 +590,14 @@ class SlurmLauncher(RemoteMPILauncher):
             if self.step in steps.stdout.split():
                 subprocess.run(self.cleanup_commands()[-1], capture_output=True, timeout=PROBE_TIMEOUT_S)
         self.step = None
+
+
+def step_of(info: RankInfo) -> str | None:
+    """``"<job>.<step>"``: the Slurm job step a rank runs in (from its ``RankInfo["launcher"]``).
+
+    >>> step_of({"launcher": {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0"}})
+    '12.0'
+    """
+    env = info.get("launcher") or {}
+    job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+    return f"{job}.{step}" if job and step else None

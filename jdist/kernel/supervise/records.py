@@ -1,5 +1,6 @@
 """A cell's data messages: records into its :class:`~jdist.metrics.Run` and the run's sinks,
-checkpoint events into the cluster, and at the end a check that no record was lost.
+checkpoint messages to a callback (the cluster's recovery log), and at the end a check that no
+record was lost (the missing ones are fetched again from the ranks).
 
 The run is created with the first record or progress message (a cell that logs nothing has no
 run); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
@@ -14,8 +15,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from jdist.metrics import Run, missing_seqs, new_run_id
 from jdist.protocol import DataMessage, Record
 
-from ..cluster import CheckpointPlan
-
 if TYPE_CHECKING:
     from ..cluster import ClusterSession
     from ..sinks import RecordSink
@@ -24,10 +23,12 @@ if TYPE_CHECKING:
 class RecordCollector:
     """Main thread only (sinks may be widgets)."""
 
-    def __init__(self, cluster: ClusterSession, code: str, sinks: Callable[[Run], list[RecordSink]]):
+    def __init__(self, cluster: ClusterSession, code: str, sinks: Callable[[Run], list[RecordSink]],
+                 on_checkpoint: Callable[[DataMessage], None] | None = None):
         self.cluster = cluster
         self.code = code
         self.make_sinks = sinks
+        self.on_checkpoint = on_checkpoint  # rank 0's checkpoint_every / checkpoint_saved messages
         self.run: Run | None = None
         self.sinks: list[RecordSink] = []
         self.cells: dict[int, int] = {}  # rank -> cell id on the rank
@@ -59,10 +60,8 @@ class RecordCollector:
                 self._ensure_run().total_steps = msg["total_steps"]
             self._add(msg["records"])
             self.done[rank] = msg["count"]
-        elif kind == "checkpoint_every" and rank == 0:
-            self.cluster.checkpoint = CheckpointPlan(msg["every"], msg["directory"], msg["keep"], msg["names"])
-        elif kind == "checkpoint_saved" and rank == 0 and self.cluster.checkpoint is not None:
-            self.cluster.checkpoint.latest = {"path": msg["path"], "step": msg["step"]}
+        elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
+            self.on_checkpoint(msg)
 
     def _add(self, records: list[Record]) -> None:
         if not records:
@@ -78,8 +77,8 @@ class RecordCollector:
         for sink in self.sinks:
             sink.tick()
 
-    def repair(self, ranks: Sequence[int]) -> int:
-        """Fetch records the stream missed, using each rank's final count. Returns how many.
+    def refetch(self, ranks: Sequence[int]) -> int:
+        """Fetch again the records the stream missed, using each rank's final count. Returns how many.
 
         A rank whose end-of-cell message was not seen (it can come before the IOPub
         callbacks are attached, for a very short cell) is asked for its count directly.

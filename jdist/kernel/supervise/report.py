@@ -15,7 +15,7 @@ from jdist.errors import HangError, RankDied, RankError, RankFailure
 from jdist.metrics import Run
 
 from ..launch import RankDeath
-from .outcome import Observations, Outcome
+from .outcome import CellStatus, Observations, Outcome
 
 #: How long to wait for ranks after an interrupt before telling the user they are stuck.
 INTERRUPT_GRACE_S = 10.0
@@ -28,7 +28,7 @@ class CellResult:
     obs: Observations
     outcome: Outcome
     run: Run | None = None
-    repaired: dict[str, Any] | None = None  # the re-created process group (see the supervisor)
+    rebuilt: dict[str, Any] | None = None  # the re-built process group (see the supervisor)
     stuck_stacks: dict[int, str] = field(default_factory=dict)
     watchdog_s: float = 0.0
     elapsed_s: float = 0.0
@@ -52,14 +52,14 @@ class CellResult:
     @property
     def ok(self) -> bool:
         """The cell finished on every rank."""
-        return self.outcome.status.value == "finished"
+        return self.outcome.status is CellStatus.FINISHED
 
 
 def fault_notes(result: CellResult) -> list[str]:
     """What was done about released or stuck ranks and what was kept, as lines for the user."""
     lines = []
     obs = result.obs
-    rep = result.repaired or {}
+    rep = result.rebuilt or {}
     where = rep.get("released_from", {})
     if obs.released:
         first = result.outcome.first_failed
@@ -70,16 +70,12 @@ def fault_notes(result: CellResult) -> list[str]:
             lines.append(f"rank {r}: released because {why} ({how}).")
     if "error" in rep:
         lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
-    elif result.repaired:
-        text = "The process group was re-created on all ranks; variables on the ranks are kept"
-        if rep["reattached"]:
-            text += f", and DDP model(s) {', '.join(rep['reattached'])} now use the new group"
-        lines.append(text + ".")
-        if rep["stale"]:
-            lines.append(
-                f"Not kept: FSDP model(s) {', '.join(rep['stale'])} hold the old group; prepare them again "
-                "(e.g. from jdist.latest_checkpoint), or %dist restart."
-            )
+    elif result.rebuilt:
+        kept, lost = rep.get("kept"), rep.get("lost")
+        lines.append("The process group was re-created on all ranks; variables on the ranks are kept"
+                     + (f", and {kept}" if kept else "") + ".")
+        if lost:
+            lines.append(f"Not kept: {lost}.")
     if obs.stuck:
         lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s:")
         lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]

@@ -9,12 +9,13 @@ the main thread (ipykernel 7 rule).
 
 States: RUNNING → (a release or an interrupt) RELEASING → DRAINING → DONE. In RELEASING the
 ranks got SIGINT and have :data:`~jdist.kernel.supervise.report.INTERRUPT_GRACE_S` seconds to
-stop. In DRAINING the output tail is collected, lost records are fetched from the ranks, and a
-process group broken by a release is re-created. :func:`jdist.kernel.supervise.outcome.classify`
-then decides what happened.
+stop. In DRAINING the output tail is collected, lost records are fetched again from the ranks,
+and a process group broken by a release is re-built. :func:`jdist.kernel.supervise.outcome.classify`
+then decides what happened. A cell that finished and logged nothing is a set-up cell:
+:func:`run_cell` notes it in the cluster's recovery log.
 
 Example:
-    >>> result = run_cell(cluster, "print(rank)")   # doctest: +SKIP
+    >>> result = run_cell(cluster, "print(rank)", option_table().cell_options({}))   # doctest: +SKIP
     >>> result.run is None        # the cell logged nothing   # doctest: +SKIP
     True
 """
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jdist.errors import RankFailure
 from jdist.metrics import Run
+from jdist.options import CellOptions
 from jdist.plugins import backend_spec
 from jdist.protocol import parse_message
 from jdist.stacks import summary
@@ -63,7 +65,7 @@ class CellSupervisor:
         targets = cluster.engine_ids(ranks)
         self.ranks = [cluster.rank_of_engine(e) for e in targets]
         self.output = RankOutput(output, self.ranks)
-        self.records = RecordCollector(cluster, code, sinks)
+        self.records = RecordCollector(cluster, code, sinks, on_checkpoint=cluster.recovery.note_message)
         self.detectors = detectors if detectors is not None else default_detectors(cluster.config.watchdog)
         self.poll_s = poll_s
         self.obs = Observations(ranks=list(self.ranks))
@@ -167,50 +169,49 @@ class CellSupervisor:
         elif view.ready():
             obs.failures = view.failures()
             try:
-                self.records.repair(self.ranks)
+                self.records.refetch(self.ranks)
             except Exception as exc:  # say so rather than hide it
                 print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
         self.output.close()
-        repaired = None
+        rebuilt = None
         if obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
-            repaired = repair_group(cluster)
+            rebuilt = rebuild_group(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
-        return CellResult(obs, outcome, run=self.records.run, repaired=repaired, stuck_stacks=stuck_stacks,
+        return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
                           watchdog_s=cluster.config.watchdog)
 
 
-def repair_group(cluster: ClusterSession) -> dict[str, Any] | None:
-    """Re-create the process group on all ranks if a release broke it; what was kept."""
+def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
+    """Re-build the process group on all ranks if a release broke it; what was kept and lost,
+    in the backend's words (``RankCall("rebuild_group")``)."""
     try:
         states = cluster.call("guard_state", timeout=10)
         if not any(st["broken"] for st in states):
             return None
-        reports = cluster.call("repair_group", timeout=cluster.config.timeout + 10)
+        reports = cluster.call("rebuild_group", timeout=cluster.config.timeout + 10)
     except Exception as exc:  # the ranks are not usable: say what to do
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {
         "released_from": {r: rep["released_from"] for r, rep in enumerate(reports) if rep["released_from"]},
-        "reattached": reports[0]["reattached"],
-        "stale": reports[0]["stale"],
+        **{key: reports[0][key] for key in ("reattached", "stale", "kept", "lost")},
     }
 
 
-def run_cell(cluster: ClusterSession, code: str, ranks: Sequence[int] | None = None, output: str = "rank0",
-             dashboard: bool = True, run_dir: str | None = None, tensorboard: str | None = None,
-             mlflow: str | bool | None = None) -> CellResult:
-    """Run ``code`` on ``ranks`` (default all), streaming output and metrics until it ends.
+def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Sequence[int] | None = None) -> CellResult:
+    """Run ``code`` on ``ranks`` (default all) with this cell's options, streaming output and
+    metrics until it ends.
 
-    ``output``: ``rank0`` (lowest selected rank, live), ``all`` (every rank, line by line,
-    labelled) or ``none``. ``dashboard``: a live dashboard under the cell once it logs.
-    ``run_dir``: where its run log goes; ``tensorboard``/``mlflow``: also log it there
-    (:mod:`jdist.metrics.export`). Faults are handled while it waits (see
-    docs/reliability.md). Returns a :class:`CellResult`; errors are not raised here
+    ``opts.output``: ``rank0`` (lowest selected rank, live), ``all`` (every rank, line by line,
+    labelled) or ``none``; the run's sinks come from ``opts`` too (:func:`jdist.kernel.sinks.default_sinks`:
+    dashboard, run log, trackers). Faults are handled while it waits (see docs/reliability.md).
+    A cell that finished and logged nothing is noted in ``cluster.recovery`` (``%dist restart``
+    replays it with ``opts``). Returns a :class:`CellResult`; errors are not raised here
     (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
     from ..sinks import default_sinks
 
-    def sinks(run: Any) -> Any:
-        return default_sinks(run, dashboard, run_dir, tensorboard, mlflow)
-
-    return CellSupervisor(cluster, code, ranks, output, sinks).run()
+    result = CellSupervisor(cluster, code, ranks, opts.output, lambda run: default_sinks(run, opts)).run()
+    if result.ok and result.run is None:
+        cluster.recovery.note_cell(code, list(ranks) if ranks is not None else None, opts)
+    return result

@@ -15,8 +15,9 @@ import threading
 from datetime import datetime
 from typing import Any, Sequence
 
+from jdist.codec import decode_data
 from jdist.errors import ClusterError, RankFailure
-from jdist.protocol import DATA_KEY, decode_data
+from jdist.protocol import DATA_KEY
 
 #: (rank, kind, content): kind is "stream", "display_data", "execute_result" or "data".
 Message = tuple[int, str, Any]

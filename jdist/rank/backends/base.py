@@ -1,22 +1,34 @@
 """The backend interface.
 
-A backend turns a set of MPI-launched ranks into a training setup: it creates the
-communication group on every rank (:meth:`Backend.setup`), wraps what the user passes to
-``jdist.prepare`` (:meth:`Backend.prepare_model`, :meth:`Backend.prepare_optimizer`), runs
-backward and optimizer steps (:meth:`Backend.backward`, :meth:`Backend.optimizer_step`),
-saves and loads model and optimizer state (:meth:`Backend.save_state`,
-:meth:`Backend.load_state`), re-attaches models to a re-created process group
-(:meth:`Backend.reattach`) and releases everything (:meth:`Backend.teardown`).
+A backend turns a set of MPI-launched ranks into a training setup. Its hooks, all on
+:class:`Backend` (the defaults fit a backend that replicates state and averages gradients in
+the model wrapper, like DDP):
+
+* the group: :meth:`~Backend.setup` (create it on every rank), :meth:`~Backend.recreate_group`
+  (after a release broke it), :meth:`~Backend.teardown`;
+* ``jdist.prepare``: :meth:`~Backend.prepare` sees the models and optimizers of one call together
+  and may return other objects for them (an engine); by default it calls
+  :meth:`~Backend.prepare_model` then :meth:`~Backend.prepare_optimizer` with the model each
+  optimizer trains, found by :meth:`~Backend.param_ids`;
+* a step: :meth:`~Backend.backward`, :meth:`~Backend.synchronize`, :meth:`~Backend.step_context`,
+  :meth:`~Backend.optimizer_step`, :meth:`~Backend.clip_grad_norm_`, :meth:`~Backend.grad_scaler`,
+  :meth:`~Backend.set_gradient_sync`;
+* what a rank holds: :meth:`~Backend.local_state_bytes` (the ``state_bytes`` metric, from
+  :meth:`~Backend.tensor_bytes` of each tensor); checkpoints: :meth:`~Backend.save_state`,
+  :meth:`~Backend.load_state`, :meth:`~Backend.unwrap`;
+* after a release: :meth:`~Backend.reattach` each model to the new group, and
+  :meth:`~Backend.describe_rebuild` says what was kept (the kernel prints it as it is).
+
+A backend whose engine owns gradient accumulation sets :attr:`~Backend.owns_accumulation`
+(jdist then calls :meth:`~Backend.backward` and :meth:`~Backend.optimizer_step` on every
+micro-step, without dividing the loss or skipping steps); one that applies ``--precision``
+itself sets :attr:`~Backend.owns_precision` (no autocast, no GradScaler from jdist).
+:class:`jdist.rank.backends.TorchBackend` is the base over torch.distributed's default group.
 
 Backends run on the ranks only. The kernel knows a backend by its
-:class:`jdist.plugins.BackendSpec` (entry point group ``jdist.backends``), which names the
-class here that the ranks import. The defaults fit a backend that replicates state and
-averages gradients in the model wrapper (DDP); ``fsdp.py`` and ``horovod.py`` show the
-overrides for sharded state and optimizer-side reduction. A backend whose engine owns
-backward, accumulation, loss scaling and checkpoints (DeepSpeed) sets
-:attr:`Backend.owns_accumulation` and overrides the hooks: jdist then calls
-:meth:`~Backend.backward` and :meth:`~Backend.optimizer_step` on every micro-step, without
-dividing the loss or skipping steps itself.
+:class:`jdist.plugins.BackendSpec` (entry point group ``jdist.backends``): its name, its own
+options and their checks, and the class here that the ranks import. The values of the
+backend's own options reach it as ``ctx.options``.
 
 Example (on a rank):
     >>> from jdist.plugins import backend_spec          # doctest: +SKIP
@@ -29,9 +41,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 
 @dataclass
@@ -53,6 +65,8 @@ class RankContext:
     #: The rank's guard (:class:`jdist.rank.guard.Guard`): a backend that opens a process group
     #: registers its sockets there (``guard.note_group_sockets``) so a blocked collective can be released.
     guard: Any = None
+    #: The values of the backend's own options (its :class:`jdist.plugins.BackendSpec`'s), by name.
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def single_host(self) -> bool:
@@ -133,6 +147,41 @@ class CommTimer:
         return events
 
 
+@dataclass
+class Preparation:
+    """What one ``jdist.prepare`` call gives :meth:`Backend.prepare`.
+
+    ``models``: the modules, in the order given (a model prepared by an earlier call may be
+    among them). ``optimizers``: each optimizer with the model it trains (one of ``models``,
+    a model prepared earlier, or None when none holds its parameters). ``model_options`` go to
+    the model wrapper, ``optimizer_options`` (the names in :attr:`Backend.optimizer_options`) to
+    the optimizer's; ``grad_accum``: micro-batches per optimizer step.
+    """
+
+    models: list[Any]
+    optimizers: list[tuple[Any, Any]]
+    model_options: dict[str, Any] = field(default_factory=dict)
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
+    grad_accum: int = 1
+
+
+def tensor_state(models: Iterable[Any], optimizers: Iterable[Any]) -> Iterable[Any]:
+    """Every tensor the models' parameters and gradients and the optimizers' state hold, each once."""
+    seen: set[int] = set()
+    for model in models:
+        for p in model.parameters():
+            for t in (p, p.grad):
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    yield t
+    for opt in optimizers:
+        for st in opt.state.values():
+            for v in st.values():
+                if hasattr(v, "element_size") and hasattr(v, "numel") and id(v) not in seen:
+                    seen.add(id(v))
+                    yield v
+
+
 class Backend(ABC):
     """One distributed training backend (see the module doc for the hooks and their defaults)."""
 
@@ -147,6 +196,9 @@ class Backend(ABC):
     #: The backend's engine divides the loss by the accumulation count and skips the optimizer
     #: step on micro-steps itself: jdist calls backward and step on every micro-step as they are.
     owns_accumulation: bool = False
+    #: The backend's engine runs the forward in ``--precision`` and scales fp16 losses itself:
+    #: jdist adds no autocast and no GradScaler (it tells the engine with :meth:`set_precision`).
+    owns_precision: bool = False
     #: Set by :meth:`setup`.
     ctx: RankContext | None = None
 
@@ -158,6 +210,21 @@ class Backend(ABC):
         to ``timer``; the rank runtime reads it once per logged step.
         """
 
+    def prepare(self, p: Preparation) -> tuple[list[Any], list[Any]]:
+        """The prepared models and optimizers of one ``jdist.prepare`` call, in the order given.
+
+        Default: each model through :meth:`prepare_model`, then each optimizer through
+        :meth:`prepare_optimizer` with the prepared model it trains. An engine that needs both
+        at once (DeepSpeed's ``initialize``) overrides this and may return its own objects:
+        jdist hands them to the user and calls the step hooks with them.
+        """
+        prepared = {id(m): self.prepare_model(m, **p.model_options) for m in p.models}
+        models = [prepared[id(m)] for m in p.models]
+        optimizers = [self.prepare_optimizer(opt, prepared.get(id(m), m) if m is not None else None,
+                                             grad_accum=p.grad_accum, **p.optimizer_options)
+                      for opt, m in p.optimizers]
+        return models, optimizers
+
     @abstractmethod
     def prepare_model(self, model: Any, **options: Any) -> Any:
         """Move ``model`` to the rank's device and wrap it for this backend."""
@@ -165,13 +232,28 @@ class Backend(ABC):
     def prepare_optimizer(self, optimizer: Any, model: Any = None, **options: Any) -> Any:
         """Wrap the optimizer if the backend needs it (default: unchanged).
 
-        ``model`` is the prepared model the optimizer trains (None if none was given). A
-        backend that needs model and optimizer together (an engine) builds it here.
+        ``model`` is the prepared model the optimizer trains (None if none was given).
         """
         return optimizer
 
+    def param_ids(self, model: Any) -> set[int]:
+        """Ids of the parameters an optimizer of ``model`` (prepared or not) may hold: how jdist
+        finds the model an optimizer trains. Default: its parameters now; a backend that
+        replaces parameters (FSDP's shards) adds those they replaced."""
+        return {id(p) for p in model.parameters()}
+
     def set_gradient_sync(self, model: Any, sync: bool) -> None:
         """Whether the next backward pass of ``model`` synchronises gradients (accumulation)."""
+
+    def apply_option(self, name: str, value: Any) -> None:
+        """One of the backend's own options changed on the running cluster (a live option of its
+        :class:`~jdist.plugins.BackendSpec`). Default: the new value is in ``ctx.options``."""
+        assert self.ctx is not None
+        self.ctx.options[name] = value
+
+    def set_precision(self, precision: str) -> None:
+        """``--precision`` changed (at start, or live). Only a backend that :attr:`owns_precision`
+        needs it; jdist's autocast handles the others."""
 
     def unwrap(self, model: Any) -> Any:
         """The user's module inside the backend's wrapper (what a checkpoint stores)."""
@@ -204,6 +286,17 @@ class Backend(ABC):
 
         assert self.ctx is not None
         return torch.amp.GradScaler(self.ctx.device.type)
+
+    def local_state_bytes(self, models: Sequence[Any], optimizers: Sequence[Any]) -> int:
+        """Bytes this rank holds of ``models``' parameters and gradients and ``optimizers``' state
+        (the ``state_bytes`` metric): :meth:`tensor_bytes` of each tensor, counted once. Runs on
+        the training thread, at most once a second."""
+        bytes_of = self.tensor_bytes
+        return sum(bytes_of(t) for t in tensor_state(models, optimizers))
+
+    def tensor_bytes(self, tensor: Any) -> int:
+        """The bytes of ``tensor`` this rank holds (a sharded tensor: its local shard)."""
+        return tensor.numel() * tensor.element_size()
 
     def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
         """Write a checkpoint at ``path`` (a temporary name; jdist renames it when every rank is done).
@@ -239,11 +332,28 @@ class Backend(ABC):
             optimizer.load_state_dict(meta["optimizer"])
         return meta
 
+    def recreate_group(self) -> Any:
+        """A release broke the communication group (the guard closed its sockets): make a new one
+        on every rank (collective over MPI, not over the broken group) and return it; each
+        prepared model is then :meth:`reattach` ed. Default: no group of its own (None)."""
+        return None
+
     def reattach(self, model: Any, group: Any) -> bool | None:
         """After the process group was re-created (a release broke it): point ``model`` at
         ``group``. True: re-attached; False: it holds the old group and must be prepared
         again; None: nothing to do (default: the model does not hold a group)."""
         return None
+
+    def describe_rebuild(self, reattached: Sequence[str], stale: Sequence[str]) -> tuple[str | None, str | None]:
+        """What the kernel says about the models after the group was re-created: ``(kept, lost)``,
+        e.g. ``("DDP model(s) model now use the new group", None)``; None: nothing to say.
+        ``reattached``/``stale``: the variable names of the models :meth:`reattach` answered
+        True/False for."""
+        kind = self.name.upper() or "prepared"
+        kept = f"{kind} model(s) {', '.join(reattached)} now use the new group" if reattached else None
+        lost = (f"{kind} model(s) {', '.join(stale)} hold the old group; prepare them again (e.g. from "
+                "jdist.latest_checkpoint), or %dist restart" if stale else None)
+        return kept, lost
 
     def collectives_started(self) -> str | None:
         """A marker that changes whenever this rank starts a collective (the hang watchdog:

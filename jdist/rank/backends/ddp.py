@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from . import _torch
+from .torch_group import TorchBackend
 
 
-class DDPBackend(_torch.TorchBackend):
+class DDPBackend(TorchBackend):
     """``--backend ddp``: wraps the model in ``DistributedDataParallel`` with a timing comm hook."""
 
     name = "ddp"

@@ -16,10 +16,11 @@ Example (on a rank, inside ``%%distributed --backend fsdp``):
 from __future__ import annotations
 
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from . import _torch
+from .torch_group import TorchBackend
 from .base import CommTimer
 
 #: The file with jdist's part of a sharded checkpoint (step, RNG states, scheduler...).
@@ -75,11 +76,16 @@ def _select(module: Any, shard: Any) -> list[Any]:
     )
 
 
-class FSDPBackend(_torch.TorchBackend):
+class FSDPBackend(TorchBackend):
     """``--backend fsdp``: shards the model with FSDP2 ``fully_shard`` and times its collectives."""
 
     name = "fsdp"
     checkpoint_layout = "dir"
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: prepared model -> {id of a parameter fully_shard replaced: its sharded parameter}
+        self._remaps: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
 
     def prepare_model(self, model: Any, **options: Any) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -117,10 +123,20 @@ class FSDPBackend(_torch.TorchBackend):
         for module in [*blocks, model]:
             module.set_custom_all_gather(all_gather(self.timer, ctx.device_kind))
             module.set_custom_reduce_scatter(reduce_scatter(self.timer, ctx.device_kind))
-        # fully_shard replaced the parameters: remember old -> new for prepare_optimizer
+        # fully_shard replaced the parameters: remember old -> new for prepare_optimizer and param_ids
         sharded = dict(model.named_parameters())
-        model._jdist_param_remap = {pid: sharded[n] for pid, n in names.items() if n in sharded}
+        self._remaps[model] = {pid: sharded[n] for pid, n in names.items() if n in sharded}
         return model
+
+    def param_ids(self, model: Any) -> set[int]:
+        """The sharded parameters and the ones they replaced (an optimizer made before
+        ``jdist.prepare`` holds those)."""
+        return super().param_ids(model) | set(self._remaps.get(model, {}))
+
+    def tensor_bytes(self, tensor: Any) -> int:
+        """A DTensor's local shard."""
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
 
     def mesh(self) -> Any:
         """A 1-D mesh of all ranks over jdist's process group, on this rank's device type.
@@ -140,7 +156,7 @@ class FSDPBackend(_torch.TorchBackend):
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if all(isinstance(p, DTensor) for p in params):
             return optimizer  # built on the sharded model already
-        remap = getattr(model, "_jdist_param_remap", None) if model is not None else None
+        remap = self._remaps.get(model) if model is not None else None
         if remap is None or any(id(p) not in remap for p in params):
             raise ValueError(
                 "Under --backend fsdp the optimizer must hold the sharded parameters: prepare it together "

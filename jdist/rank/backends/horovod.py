@@ -24,14 +24,14 @@ from typing import Any
 
 from jdist.plugins import HOROVOD_INSTALL_HINT
 
-from . import _torch
+from .torch_group import TorchBackend
 from .base import CommTimer, RankContext
 
 #: Option names accepted by ``jdist.prepare(...)`` for the optimizer under ``--backend horovod``.
 OPTIMIZER_OPTIONS = ("compression", "op", "gradient_predivide_factor")
 
 
-class HorovodBackend(_torch.TorchBackend):
+class HorovodBackend(TorchBackend):
     """``--backend horovod``: Horovod's DistributedOptimizer over the MPI world of the engines."""
 
     name = "horovod"

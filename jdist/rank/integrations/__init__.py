@@ -25,7 +25,7 @@ def scalars(values: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, flo
     >>> scalars({"loss": 0.5, "epoch": 1, "name": "x", "step_time_s": 2.0, "bad": float("nan")})
     {'loss': 0.5, 'epoch': 1.0, 'fw_step_time_s': 2.0}
     """
-    from jdist.metrics.records import RESERVED
+    from jdist.metrics.records import reserved
 
     out = {}
     for key, value in values.items():
@@ -35,5 +35,5 @@ def scalars(values: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, flo
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             continue
-        out[f"fw_{key}" if key in RESERVED else str(key)] = float(value)
+        out[f"fw_{key}" if key in reserved() else str(key)] = float(value)
     return out

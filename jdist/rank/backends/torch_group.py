@@ -1,4 +1,11 @@
-"""torch.distributed process-group set-up shared by the torch-based backends."""
+"""The base of backends over torch.distributed's default process group (:class:`TorchBackend`),
+and how that group is made, re-made after a release, and ended.
+
+jdist's own backends (ddp, fsdp, horovod) derive from :class:`TorchBackend`; so can one of yours
+(``from jdist.rank.backends import TorchBackend``): ``setup`` then gives your ranks jdist's group
+(gloo on CPU ranks, NCCL on GPU ranks, nothing listening beyond loopback on one host), and a
+group broken by a release is re-created for you (:meth:`TorchBackend.recreate_group`).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,10 @@ class TorchBackend(Backend):
         if self.ctx is None:
             raise RuntimeError(f"The {self.name} backend is not set up on this rank; run %dist restart.")
         return self.ctx
+
+    def recreate_group(self) -> Any:
+        """A new default group on every rank after a release broke the old one (collective over MPI)."""
+        return recreate_process_group(self.require_ctx())
 
     def teardown(self) -> None:
         destroy_process_group()

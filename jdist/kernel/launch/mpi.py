@@ -1,0 +1,99 @@
+"""What every MPI launcher shares: the engine program, the shell around each engine, the
+``mpiexec`` of this environment, ipyparallel's engine-set class and an exit status in words.
+
+A launcher of your own that starts MPI ranks (PBS, LSF...) builds on these instead of copying
+them: ``engine_shell(after=...)`` is the shell that forwards signals to the engine and, once it
+ended, runs ``after`` with ``$code`` set to its exit status.
+
+Example:
+    >>> cause_of_exit(128 + 11, oom=False)
+    'killed by SIGSEGV (Segmentation fault)'
+    >>> "wait $child" in engine_shell(after="exit $code")
+    True
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from jdist.errors import ClusterError
+
+#: The rank's program. (Importing torch in it before or while it registers did not start ranks
+#: sooner on 2 cores, and a torch imported outside the main thread crashes torch.profiler.)
+ENGINE_MODULE = "ipyparallel.engine"
+
+#: Signals the shell passes on to the engine (a background job of a non-interactive shell starts
+#: with SIGINT ignored; the engine installs its own SIGINT handler, so interrupts still work).
+FORWARDED = "TERM HUP INT USR1 USR2"
+
+
+def engine_shell(after: str, before: str = "", started: str = "") -> str:
+    """``/bin/sh -c`` text around an engine (its argv follows as ``"$@"``): ``before`` runs first,
+    the engine starts in the background (``started`` runs then, with ``$child`` its PID) with the
+    launcher's signals passed on to it, and once it has ended (not merely been stopped) ``after``
+    runs with ``$code`` its exit status (128+N: killed by signal N). mpiexec signals only its
+    direct children (these shells)."""
+    return (before + '"$@" & child=$!; ' + started +
+            f"for sig in {FORWARDED}; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
+            "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; " + after)
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` of the running environment (``sys.prefix/bin``), else the one on PATH."""
+    candidate = Path(sys.prefix) / "bin" / "mpiexec"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise ClusterError(
+        f"No mpiexec found in {candidate.parent} or on PATH. Install MPI into this environment: "
+        f"{sys.executable} -m pip install mpich mpi4py"
+    )
+
+
+def engine_set_launcher() -> type:
+    """ipyparallel's MPI engine launcher, reading mpiexec's output leniently.
+
+    The ranks share one output file; gforker may split a multi-byte character between
+    two writes (gloo's error text ends in an emoji), and ipyparallel's strict UTF-8 read
+    would then fail inside its stop callback.
+    """
+    from ipyparallel.cluster.launcher import MPIEngineSetLauncher
+
+    class JdistMPIEngineSetLauncher(MPIEngineSetLauncher):
+        def get_output(self, remove: bool = False) -> str:
+            if self._output is None and self.output_file:
+                try:
+                    with open(self.output_file, "rb") as f:
+                        self._output = f.read().decode("utf-8", errors="replace")
+                except FileNotFoundError:
+                    pass
+            return super().get_output(remove=remove)
+
+    return JdistMPIEngineSetLauncher
+
+
+def cause_of_exit(code: int | None, oom: bool) -> str:
+    """A rank's exit status (128+N: killed by signal N) in words.
+
+    >>> cause_of_exit(137, False)
+    'killed by SIGKILL (kill -9, or the out-of-memory killer)'
+    >>> cause_of_exit(3, False)
+    'the process exited with code 3 (os._exit or sys.exit in the cell, or a crash)'
+    """
+    if oom:
+        return "killed by the out-of-memory killer (the machine ran out of memory)"
+    if code == 128 + signal.SIGKILL:
+        return "killed by SIGKILL (kill -9, or the out-of-memory killer)"
+    if code is not None and code > 128:
+        num = code - 128
+        if num not in signal.valid_signals():
+            return f"killed by signal {num}"
+        return f"killed by {signal.Signals(num).name} ({signal.strsignal(num)})"
+    if code is not None:
+        return f"the process exited with code {code} (os._exit or sys.exit in the cell, or a crash)"
+    return "the process ended (cause unknown)"

@@ -1,0 +1,277 @@
+"""Turning an engine into a rank: the steps of ``setup``, in the order they run.
+
+:func:`setup` (called by the kernel on every engine at once, ``RankCall("setup")``) reads the
+MPI world (:func:`mpi_world`), chooses the process group's address when the ranks span hosts
+(:func:`rendezvous_address`, :func:`socket_interface`), pins the device (:func:`pin_device`),
+installs the guard (:func:`install_guard`), sets up the backend and the session
+(:func:`start_session`), applies the rank-side options (:func:`apply_options`: the same code a
+live change runs) and opens the cell namespace (:func:`open_namespace`). What happens to the
+process afterwards (the kernel gone, SIGTERM, exit) is :mod:`jdist.rank.process`.
+
+Example (on an engine):
+    >>> info = setup(config)        # doctest: +SKIP
+    >>> info["rank"], info["world_size"]  # doctest: +SKIP
+    (0, 2)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from jdist.protocol import NetworkPlan, RankInfo, SetupConfig
+
+from . import process
+from .session import RankSession, activate, describe_rank
+
+
+@dataclass(frozen=True)
+class World:
+    """This rank's place in the MPI world."""
+
+    comm: Any  # mpi4py MPI.COMM_WORLD
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    hostname: str
+    hosts: list[str]  # every rank's host, by rank
+
+
+def setup(config: SetupConfig) -> RankInfo:
+    """Initialise this engine as one rank; returns its :class:`RankInfo` (see the module doc)."""
+    from jdist.plugins import backend_spec
+
+    world = mpi_world()
+    network = config.get("network")
+    master_addr = "127.0.0.1" if len(set(world.hosts)) == 1 else rendezvous_address(world, network)
+    if master_addr != "127.0.0.1":
+        socket_interface(master_addr, network.get("iface") if network else None, world)
+    device = pin_device(world, bool(config.get("gpus")))
+    spec = backend_spec(config["backend"])
+    own = {o.name for o in spec.options}
+    options = config.get("options") or {}
+    data_pub = _data_pub()
+    guard = install_guard(spec, world.rank, None if network else config.get("work_dir"), data_pub)
+    s = start_session(world, device, master_addr, spec, guard, data_pub, config,
+                      {k: v for k, v in options.items() if k in own})
+    apply_options(s, {k: v for k, v in options.items() if k not in own}, at_start=True)
+    open_namespace(s)
+    if config.get("owner"):
+        process.watch_owner(config["owner"], world.rank == 0)
+    s.report_env = tuple(config.get("report_env") or ())
+    return describe_rank(s)
+
+
+def mpi_world() -> World:
+    """Rank and size from ``MPI.COMM_WORLD``; local rank from the ranks sharing this host's memory."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    hostname = socket.gethostname()
+    return World(comm, rank, comm.Get_size(), local.Get_rank(), local.Get_size(), hostname, comm.allgather(hostname))
+
+
+def rendezvous_address(world: World, network: NetworkPlan | None) -> str:
+    """Rank 0 chooses the address of its host that the process group uses, and tells the others:
+    ``--ip`` if it is an address of rank 0's host, else ``--iface``'s address there, else the
+    address its route to the kernel's host leaves from (never a loopback address)."""
+    from jdist.network import address_of, interface_of, is_loopback, route_source
+
+    plan: dict[str, Any] = dict(network or {})
+    addr, error = None, None
+    if world.rank == 0:
+        ip, iface, controller_ip = plan.get("ip"), plan.get("iface"), plan.get("controller_ip") or "127.0.0.1"
+        try:
+            if ip and interface_of(ip) is not None:
+                addr = ip
+            elif iface:
+                addr = address_of(iface)
+                if addr is None:
+                    error = f"--iface {iface}: rank 0's host {world.hostname} has no such interface"
+            else:
+                addr = route_source(controller_ip)
+        except OSError as exc:
+            error = f"rank 0 on {world.hostname} has no route to {controller_ip} ({exc})"
+        if addr is not None and is_loopback(addr):
+            error = (f"rank 0 on {world.hostname} would use loopback address {addr} between hosts; "
+                     "give --ip ADDR or --iface NAME")
+    addr, error = world.comm.bcast((addr, error), root=0)
+    if error:
+        raise RuntimeError(error)
+    return str(addr)
+
+
+def socket_interface(master_addr: str, iface: str | None, world: World) -> str:
+    """Tell gloo and NCCL the interface of this host that reaches rank 0 (unless the user set them):
+    ``--iface``, else the one the route to ``master_addr`` leaves from; never ``lo`` between hosts."""
+    from jdist.network import interface_of, route_source
+
+    name = iface or interface_of(route_source(master_addr))
+    if name is None or name == "lo":
+        raise RuntimeError(f"rank {world.rank} on {world.hostname} reaches rank 0's address {master_addr} only "
+                           f"over {name or 'no interface'}; give --iface NAME (the network between the hosts)")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+    return name
+
+
+def pin_device(world: World, gpus: bool) -> Any:
+    """``cuda:<local rank>`` with ``--gpus`` (an error naming the fix if this host has too few), else the CPU."""
+    import torch
+
+    if not gpus:
+        return torch.device("cpu")
+    visible = torch.cuda.device_count()
+    if world.local_rank >= visible:
+        raise RuntimeError(
+            f"rank {world.rank} on {world.hostname} is local rank {world.local_rank} but only {visible} CUDA "
+            f"device(s) are visible there; ask for fewer --gpus, or use -n {world.size} for CPU ranks."
+        )
+    torch.cuda.set_device(world.local_rank)
+    return torch.device("cuda", world.local_rank)
+
+
+def _data_pub() -> Any:
+    """The engine's IOPub data publisher (None outside an engine)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return getattr(shell, "data_pub", None) if shell is not None else None
+
+
+def install_guard(spec: Any, rank: int, work_dir: str | None, data_pub: Any) -> Any:
+    """The rank's guard (stack dumps, samples, releases). ``work_dir``: a folder of the kernel's
+    host for its files (local ranks); None: ranks on other hosts send samples over IOPub, and
+    end on SIGTERM removing their MPI shared memory (:mod:`jdist.rank.process`)."""
+    from .guard import Guard
+
+    guard = Guard(spec.backward_waits, spec.collective_paths)
+    guard.install(rank, work_dir, report=None if work_dir else sample_sender(data_pub, rank))
+    if work_dir is None:
+        process.end_on_sigterm(guard)
+    return guard
+
+
+def sample_sender(data_pub: Any, rank: int) -> Callable[[str], None] | None:
+    """How a remote rank's guard sends a sample to the kernel: an IOPub data message whose parent
+    is :func:`jdist.protocol.sample_parent_id` in the session of the kernel's client (taken from
+    this set-up request), so ipyparallel files it apart from every request."""
+    if data_pub is None:
+        return None
+    from jdist.codec import encode_data
+    from jdist.protocol import SAMPLE_KEY, sample_parent_id
+
+    parent = dict(data_pub.parent_header or {})
+    parent["msg_id"] = sample_parent_id(rank)
+    session, socket_ = data_pub.session, data_pub.pub_socket
+
+    def send(text: str) -> None:
+        from ipyparallel.serialize import serialize_object
+
+        data = {SAMPLE_KEY: encode_data(text)}
+        session.send(socket_, "data_message", content={"keys": list(data)}, parent=parent,
+                     buffers=serialize_object(data), ident=data_pub.topic)
+
+    return send
+
+
+def start_session(world: World, device: Any, master_addr: str, spec: Any, guard: Any, data_pub: Any,
+                  config: SetupConfig, backend_options: dict[str, Any]) -> RankSession:
+    """The backend's group and this rank's :class:`RankSession` (made current, its publisher
+    running), with the torchrun environment (:mod:`jdist.rank.torchrun`)."""
+    from . import torchrun
+    from .backends.base import RankContext
+    from .channel import DataPubChannel, NullChannel
+
+    ctx = RankContext(rank=world.rank, world_size=world.size, local_rank=world.local_rank,
+                      local_world_size=world.local_size, hostname=world.hostname, device=device,
+                      master_addr=master_addr, timeout_s=float(config.get("timeout", 60)), comm=world.comm,
+                      work_dir=None if config.get("network") else config.get("work_dir"), port=config.get("port"),
+                      guard=guard, options=dict(backend_options))
+    backend = spec.load()()
+    guard.marker = backend.collectives_started
+    s = RankSession(ctx=ctx, backend=backend, spec=spec,
+                    channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
+    backend.setup(ctx, s.timer)
+    torchrun.install(ctx, config.get("cluster_id") or "jdist")
+    previous = activate(s)
+    if previous is not None:
+        previous.stop_publisher()
+    s.start_publisher()
+    return s
+
+
+def _set_threads(s: RankSession, threads: int | None) -> None:
+    import torch
+
+    if threads is None and s.ctx.device_kind == "cuda":
+        return  # GPU ranks keep torch's own choice unless asked
+    n = int(threads) if threads else max(1, (os.cpu_count() or 1) // s.ctx.local_world_size)
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)  # what the ranks' torchrun environment says
+
+
+def _set_precision(s: RankSession, precision: str | None) -> None:
+    from .training import apply_precision
+
+    apply_precision(s, precision or "fp32")
+
+
+#: How each option applied on the ranks (``applied_by="ranks"`` in :mod:`jdist.options`) takes
+#: effect on a rank, at start and when it changes on a running cluster.
+APPLY: dict[str, Callable[[RankSession, Any], None]] = {
+    "threads": _set_threads,
+    "precision": _set_precision,
+}
+
+
+def apply_options(s: RankSession, values: dict[str, Any], at_start: bool = False) -> None:
+    """Apply rank-side option values: jdist's own by :data:`APPLY`, the backend's own by
+    :meth:`Backend.apply_option <jdist.rank.backends.Backend.apply_option>`."""
+    own = {o.name for o in s.spec.options} if s.spec is not None else set()
+    for name, value in values.items():
+        if name in own and s.backend is not None:
+            s.backend.apply_option(name, value)
+        elif name in APPLY:
+            APPLY[name](s, value)
+        elif not at_start:
+            raise ValueError(f"No rank applies option {name!r}: it is not one of jdist's rank-side options "
+                             f"({', '.join(APPLY)}) nor of --backend {s.backend_name}.")
+
+
+def open_namespace(s: RankSession) -> None:
+    """``rank``, ``world_size``, ``local_rank``, ``device`` and ``jdist`` in the cell namespace, and
+    the IPython hooks that begin and end each cell's record stream."""
+    import jdist
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    ctx = s.ctx
+    shell.user_ns.update(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device,
+                         jdist=jdist)
+    for event, fn in (("pre_run_cell", _pre_cell), ("post_run_cell", _post_cell)):
+        if fn not in shell.events.callbacks[event]:
+            shell.events.register(event, fn)
+
+
+def _pre_cell(info: Any = None) -> None:
+    from .session import current
+
+    s = current()
+    if s is not None:
+        s.begin_cell()
+
+
+def _post_cell(result: Any = None) -> None:
+    from .session import current
+
+    s = current()
+    if s is not None:
+        s.end_cell()
