@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: tests/extensions holds an installed plugin package: only tests/test_extending.py puts it on a path
+#: (collecting it for doctests would add it to this process's, and its plugins to every test).
+collect_ignore = ["extensions"]
 
 
 def strip_ansi(text: str) -> str:

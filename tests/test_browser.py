@@ -40,12 +40,22 @@ for step in range(20):
 TRAIN = """%%distributed
 jdist.progress(total_steps=3000, batch_size=32)
 torch.manual_seed(100 + rank)                  # each rank its own batches: a visible min-max band
+xv = torch.randn(64, 8); yv = xv.sum(1, keepdim=True)
 for step in range(3000):
     x = torch.randn(32, 8); y = x.sum(1, keepdim=True) + 0.3 * torch.randn(32, 1)
     loss = ((model(x) - y) ** 2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
-    jdist.log(step=step, loss=loss.item())
+    with torch.no_grad():                      # a validation loss every 5 steps: a second line on the loss chart
+        val = {"val_loss": ((model(xv) - yv) ** 2).mean().item()} if step % 5 == 4 else {}
+    jdist.log(step=step, loss=loss.item(), **val)
     time.sleep(0.1)"""
+
+
+#: The loss chart under ``root`` draws the validation loss as a line of its own, beside the loss.
+VAL_DRAWN = ("() => {{ const c = document.querySelector('{root} .jp-jdist-chart-loss');"
+             " const v = c && c.querySelector('path.jp-jdist-line[data-series=val_loss]');"
+             " const l = c && c.querySelector('path.jp-jdist-line[data-series=loss]');"
+             " return v && l && Number(v.dataset.points) >= 2 && Number(l.dataset.points) > Number(v.dataset.points); }}")
 
 
 def _notebook() -> dict:
@@ -196,6 +206,7 @@ def _scenario(lab, page) -> None:
     for panel in ("loss", "time", "memory", "throughput"):
         assert dash.locator(f".jp-jdist-chartbox[data-panel={panel}] svg").count() == 1, panel
     assert dash.locator(".jp-jdist-chart-loss path.jp-jdist-band").count() >= 1  # min–max band
+    page.wait_for_function(VAL_DRAWN.format(root=".jp-jdist-dash"), timeout=30_000)  # val_loss: its own line
     assert dash.locator(".jp-jdist-chart-time rect.jp-jdist-bar").count() >= 2  # compute (+ comm) per rank
     # two dashboards so far (the warm-up cell's, now its static summary, and this one): the chart code
     # was loaded once in this page
@@ -215,6 +226,7 @@ def _scenario(lab, page) -> None:
     for panel in ("loss", "time", "memory", "throughput"):
         assert view.locator(f".jp-jdist-chartbox[data-panel={panel}] svg").count() == 1, panel
     assert view.locator(".jp-jdist-chart-loss path.jp-jdist-band").count() >= 1  # min–max band
+    page.wait_for_function(VAL_DRAWN.format(root=".jp-jdist-runview"), timeout=30_000)
     assert view.locator(".jp-jdist-chart-time rect.jp-jdist-bar").count() >= 2  # compute (+ comm) per rank
     assert view.locator(".jp-jdist-chart-memory rect.jp-jdist-bar").count() >= 4  # current + peak (+ state) per rank
     records1 = int(view.get_attribute("data-records"))

@@ -502,3 +502,24 @@ def test_a_new_panel_is_one_function(monkeypatch):
     drawn = svg_panels(render_svg(run))
     assert list(drawn) == ["loss", "time", "memory", "throughput", "grad"]
     d.finish()
+
+
+def test_a_line_panel_with_two_series_is_drawn_whole_by_every_view():
+    """The validation loss (logged every other step) is a second series of the loss panel: the live
+    widget's points of each series, the static SVG's lines and the summary agree with the panel data."""
+    run = Run("val", world_size=2)
+    run.add([{"rank": r, "seq": s, "step": s, "loss": 1.0 / (s + 1) + r, **({"val_loss": 2.0 - s / 10} if s % 2 else {})}
+              for s in range(10) for r in range(2)])
+    loss = panel(run, "loss")
+    assert [(s["name"], s["x"]) for s in loss["series"]] == [("loss", list(range(10))), ("val_loss", [1, 3, 5, 7, 9])]
+    assert loss["series"][1]["y"] == pytest.approx([1.9, 1.7, 1.5, 1.3, 1.1]) and loss["series"][1]["low"] is None
+    d = Dashboard(run)
+    d.update(force=True)
+    for s in loss["series"]:
+        assert (d.points("loss", s["name"])["x"], d.points("loss", s["name"])["y"]) == (s["x"], s["y"])
+    assert [s["name"] for s in d.widget.layout[0]["series"]] == ["loss", "val_loss"]
+    lines = {p.get("data-series"): p.get("data-points") for p in svg_panels(render_svg(run))["loss"].iter(f"{SVG}path")
+             if p.get("class") == "line"}
+    assert lines == {"loss": "10", "val_loss": "5"}
+    assert "\n  val_loss: 1.1 (mean over ranks, range 1.1..1.1) at step 9" in run.summary()
+    d.finish()

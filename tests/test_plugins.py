@@ -1,9 +1,7 @@
-"""Backends and launchers found through entry points, and the backend hooks.
-
-Unit tests of the specs and the comm timer, plus one end-to-end test: a backend installed by a
-package of its own (a dist-info on PYTHONPATH, as ``pip install`` would leave it) is found by a
-real kernel and by the real ranks it starts, and jdist calls its hooks (backward, optimizer step,
-checkpoint save/load)."""
+"""Plugins found through entry points (jdist.plugins): the specs, and one end-to-end test: a backend
+installed by a package of its own (a dist-info on PYTHONPATH, as ``pip install`` would leave it) is
+found by a real kernel and by the real ranks it starts, and jdist calls its hooks (backward,
+optimizer step, checkpoint save/load). Every other kind of plugin, end to end: tests/test_extending.py."""
 
 from __future__ import annotations
 
@@ -17,24 +15,6 @@ import pytest
 from conftest import KernelSession
 
 from jdist.plugins import HOROVOD, BackendSpec, available_backends, available_launchers, backend_spec, launcher_class
-from jdist.rank.backends import CommTimer
-from jdist.rank.backends.fsdp import default_shard_policy
-
-
-def test_comm_timer_merges_overlapping_intervals():
-    t = CommTimer()
-    t.record(0.0, 1.0)
-    t.record(0.5, 1.5)  # overlaps the first
-    t.record(3.0, 3.25)
-    assert t.take() == pytest.approx(1.75)
-    assert t.take() == 0.0  # reset after take
-
-
-def test_comm_timer_contained_interval():
-    t = CommTimer()
-    t.record(0.0, 2.0)
-    t.record(0.5, 1.0)
-    assert t.take() == pytest.approx(2.0)
 
 
 def test_builtin_backends_and_launchers_come_from_entry_points():
@@ -66,19 +46,6 @@ def test_missing_horovod_is_named_in_a_fresh_interpreter():
             "print(backend_spec('horovod').unavailable())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.startswith("Horovod is not installed in this environment.") and "--backend ddp" in out.stdout
-
-
-def test_fsdp_default_policy_shards_blocks_and_transformer_layers():
-    import torch.nn as nn
-
-    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
-    model = nn.Sequential(nn.Linear(8, 16), nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False),
-                          nn.ReLU(), nn.Linear(16, 2))
-    picked = default_shard_policy(model)
-    names = [type(m).__name__ for m in picked]
-    # the Linear blocks and the TransformerEncoder (a Sequential child with parameters), then each
-    # of its layers on its own; nothing inside a layer
-    assert names == ["Linear", "TransformerEncoder", "TransformerEncoderLayer", "TransformerEncoderLayer", "Linear"]
 
 
 BACKEND_PACKAGE = textwrap.dedent('''

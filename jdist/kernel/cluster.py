@@ -121,7 +121,7 @@ class ClusterSession:
             cluster.update_config(cluster.config)  # the Cluster's own options the launcher set
             self.ipp = cluster
             atexit.register(self.stop)  # a kernel that exits stops its cluster
-            say(f"Starting {n} MPI rank(s){launcher.describe()}...")
+            say(f"Starting {n} MPI rank(s){launcher.where()}...")
             cluster.start_controller_sync()
             cluster.start_engines_sync(n)
             launcher.attach(cluster)

@@ -1,5 +1,5 @@
-"""Start-time checks of the machine, before any rank starts (the pure checks are
-:meth:`jdist.options.ClusterConfig.check`; the launcher probes its own needs).
+"""Start-time checks of the machine, before any rank starts (the pure checks are the option
+table's, :meth:`jdist.options.OptionTable.check`; the launcher probes its own needs).
 
 Each raises ValueError with the fix.
 """

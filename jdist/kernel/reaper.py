@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jdist.procs import alive, identity
+from jdist.waiting import poll_until
 
 #: How long the listed processes get after SIGTERM before SIGKILL.
 TERM_WAIT_S = 3.0
@@ -70,9 +71,7 @@ def reap(plan: dict[str, Any]) -> None:
             os.kill(int(p["pid"]), signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + TERM_WAIT_S
-    while any(alive(p) for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: not any(alive(p) for p in procs), TERM_WAIT_S)
     for p in procs:
         if alive(p):
             try:

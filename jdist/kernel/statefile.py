@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jupyter_core.paths import secure_write
+
 from jdist.paths import clusters_dir
 from jdist.procs import identity
 from jdist.protocol import STATE_VERSION, ClusterState, KernelIdentity, RankEntry
@@ -57,7 +59,7 @@ def kernel_identity() -> KernelIdentity:
     return ident
 
 
-def describe(cluster: ClusterSession) -> ClusterState:
+def state_of(cluster: ClusterSession) -> ClusterState:
     """The state file contents for a started cluster."""
     from jdist import __version__
     from jdist.metrics import default_run_dir
@@ -97,11 +99,10 @@ def write(cluster: ClusterSession, runtime_dir: str | os.PathLike | None = None)
             runtime_dir = Path(conn).parent if conn else None
         folder = clusters_dir(runtime_dir)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = describe(cluster)
+        data = state_of(cluster)
         path = folder / f"{data['cluster_id']}.json"
         tmp = folder / f".{data['cluster_id']}.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
+        with secure_write(str(tmp)) as fh:  # 0600 (Jupyter's own way); renamed whole: readers never see half
             json.dump(data, fh, indent=1, default=str)
         tmp.replace(path)
         if not _written:

@@ -5,8 +5,9 @@ plugins add theirs after jdist's (:func:`all_panels`; entry point group ``jdist.
 panel's function returns a :class:`LineDef`: its titles and one or more :class:`SeriesDef` (train
 and validation loss on one chart), each a point per step computed from one metric's values
 across the ranks. A bar panel's returns a :class:`BarDef`: a :class:`~jdist.protocol.BarPanel`
-(a few values per rank). Either may carry the lines it adds to the run's text summary
-(``summary``) and the sidebar's sparkline for it (``spark``, a :class:`Spark`).
+(a few values per rank). Either may carry the function that gives its lines of the run's text
+summary (``summary``, called only when a summary is made, never by the live view) and the
+sidebar's sparkline for it (``spark``, a :class:`Spark`).
 
 What is derived from them, so that a panel is defined in one place only:
 
@@ -34,7 +35,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel, SparkModel
 
@@ -90,26 +91,30 @@ class Spark:
     unit: str = ""
 
 
+#: A panel's lines of the run's text summary, from the run (called only when a summary is made).
+SummaryFn = Callable[["Run"], "Sequence[str]"]
+
+
 @dataclass(frozen=True)
 class LineDef:
-    """A line panel as a definition: titles and series (see the module doc), plus the lines it adds
-    to the run's summary and its sparkline."""
+    """A line panel as a definition: titles and series (see the module doc), plus its summary
+    lines and its sparkline."""
 
     key: str
     title: str
     series: tuple[SeriesDef, ...]
     x_title: str = "step"
-    summary: tuple[str, ...] = ()
+    summary: SummaryFn | None = None
     spark: Spark | None = None
 
 
 @dataclass(frozen=True)
 class BarDef:
-    """A bar panel as a definition: the :class:`~jdist.protocol.BarPanel` drawn, plus the lines it
-    adds to the run's summary and its sparkline."""
+    """A bar panel as a definition: the :class:`~jdist.protocol.BarPanel` drawn, plus its summary
+    lines and its sparkline."""
 
     panel: BarPanel
-    summary: tuple[str, ...] = ()
+    summary: SummaryFn | None = None
     spark: Spark | None = None
 
     @property
@@ -383,13 +388,17 @@ def time_panel(run: Run) -> BarDef:
                          BarSeries(name="communication", color=ORANGE, values=finite([comm_t.get(r) for r in ranks]),
                                    labels=False),
                      ])
-    summary = ()
-    whole_step, whole_comm = run.per_rank_mean("step_time_s", skip_first=True), run.per_rank_mean("comm_time_s", skip_first=True)
-    if whole_step:
-        summary = ("step time per rank: " + ", ".join(
-            f"r{r} {whole_step[r] * 1e3:.1f} ms (comm {whole_comm.get(r, 0.0) * 1e3:.1f})" for r in sorted(whole_step)),)
-    return BarDef(panel, summary=summary,
+    return BarDef(panel, summary=_time_summary,
                   spark=Spark(label="step time", series=SeriesDef("step time", ORANGE, "step_time_s", mean_band), unit="s"))
+
+
+def _time_summary(run: Run) -> list[str]:
+    """Each rank's step and communication time over the whole run (its first step left out)."""
+    step, comm = run.per_rank_mean("step_time_s", skip_first=True), run.per_rank_mean("comm_time_s", skip_first=True)
+    if not step:
+        return []
+    return ["step time per rank: " + ", ".join(f"r{r} {step[r] * 1e3:.1f} ms (comm {comm.get(r, 0.0) * 1e3:.1f})"
+                                                for r in sorted(step))]
 
 
 def memory_panel(run: Run) -> BarDef:
@@ -408,15 +417,20 @@ def memory_panel(run: Run) -> BarDef:
                          BarSeries(name="model+optimizer", color=GREEN,
                                    values=[_mib(rec.get("state_bytes")) for rec in latest], labels=True),
                      ])
-    summary = []
+    return BarDef(panel, summary=_memory_summary)
+
+
+def _memory_summary(run: Run) -> list[str]:
+    """Each rank's peak memory and the model+optimizer state it holds."""
+    lines = []
     peak = {r: (run.latest(r) or {}).get("mem_peak_bytes") for r in run.ranks}
     if any(peak.values()):
         kind = "GPU" if run.device_kind == "cuda" else "host RSS"
-        summary.append(f"peak memory ({kind}): " + ", ".join(f"r{r} {v / _MIB:.0f} MiB" for r, v in peak.items() if v))
+        lines.append(f"peak memory ({kind}): " + ", ".join(f"r{r} {v / _MIB:.0f} MiB" for r, v in peak.items() if v))
     state = {r: (run.latest(r) or {}).get("state_bytes") for r in run.ranks}
     if any(state.values()):
-        summary.append("model + optimizer state: " + ", ".join(f"r{r} {_size(v)}" for r, v in state.items() if v))
-    return BarDef(panel, summary=tuple(summary))
+        lines.append("model + optimizer state: " + ", ".join(f"r{r} {_size(v)}" for r, v in state.items() if v))
+    return lines
 
 
 def throughput_panel(run: Run) -> LineDef:
@@ -479,7 +493,7 @@ def summary(run: Run) -> str:
         if steps:
             lines.append(f"  {name}: {mean[-1]:.4g} (mean over ranks, range {lo[-1]:.4g}..{hi[-1]:.4g}) "
                          f"at step {steps[-1]}")
-    lines += [f"  {line}" for d in definitions(run) for line in d.summary]
+    lines += [f"  {line}" for d in definitions(run) if d.summary is not None for line in d.summary(run)]
     if run.path:
         lines.append(f"  run log: {run.path}")
     return "\n".join(lines)
@@ -514,6 +528,7 @@ __all__ = [
     "PointFn",
     "SeriesDef",
     "Spark",
+    "SummaryFn",
     "all_panels",
     "definitions",
     "eta_s",

@@ -82,7 +82,7 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
     ``step`` defaults to the number of ``log`` calls so far in this cell. Values may be
     Python numbers or one-element tensors/arrays; a CUDA tensor is copied to the host without
     waiting for the GPU (no ``.item()`` sync) and its value sent once the copy has arrived.
-    Cheap: it only queues the record; a background thread sends them in batches (0.1 s).
+    Cheap: it only queues the record; a background thread sends them in batches (every 0.25 s).
 
     >>> jdist.log(step=step, loss=loss.item(), acc=acc)   # doctest: +SKIP
     >>> jdist.log(step=step, loss=loss)   # a CUDA tensor: no sync  # doctest: +SKIP

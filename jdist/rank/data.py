@@ -9,6 +9,12 @@ pass over that epoch skip the batches already trained on (without loading them).
 Exact resume needs a sampler whose order depends only on the epoch, such as
 ``DistributedSampler`` (seed + epoch), which is what distributed loaders use anyway.
 
+Why not a library's: accelerate's ``skip_first_batches`` skips the same way but builds
+accelerate's ``PartialState`` on the rank (its own view of the distributed set-up) and is in an
+optional extra, and neither it nor torchdata's ``StatefulDataLoader`` (another loader class in
+place of the user's, and another dependency) restores the global RNG around the resumed
+iterator, which an exact resume needs (see :meth:`ResumableLoader._skipping`).
+
 Example (on a rank):
     >>> loader = jdist.prepare(DataLoader(ds, batch_size=32, sampler=DistributedSampler(ds)))  # doctest: +SKIP
     >>> for epoch in range(start_epoch, epochs):   # doctest: +SKIP

@@ -1,4 +1,4 @@
-// The ES module of each live dashboard widget (jdist/kernel/dashboard/widget.py, class _LiveDashboard).
+// The ES module of each live dashboard widget (jdist/kernel/dashboard/widget.py, class LiveDashboard).
 // Kept small: it is sent with every dashboard. It keeps the kernel's messages (new points) as they
 // arrive, waits for the chart library that the hidden ChartsLib widget loads once per page
 // (labextension/src/notebook.ts, built into charts.js) and lets it draw.

@@ -82,8 +82,11 @@ class RankLauncher(ABC):
 
     def option(self, name: str) -> Any:
         """The value of this launcher's option ``name`` (its default when not given)."""
-        default = next(o.default for o in self.options if o.name == name)
-        return self.config.get(name, default)
+        for opt in self.options:
+            if opt.name == name:
+                return self.config.get(name, opt.default)
+        raise KeyError(f"--launcher {self.name} has no option {name!r}; its options: "
+                       f"{', '.join(o.name for o in self.options) or 'none'}")
 
     # -- starting ---------------------------------------------------------------------------
     def probe(self) -> None:
@@ -97,7 +100,7 @@ class RankLauncher(ABC):
     #: The program that starts the ranks, for messages ("mpiexec exited before ...").
     program: ClassVar[str] = "mpiexec"
 
-    def describe(self) -> str:
+    def where(self) -> str:
         """Where the ranks start, for the progress line (" on gpu1, gpu2 over ssh"); "" for this machine."""
         return ""
 

@@ -455,7 +455,7 @@ class SSHLauncher(RemoteMPILauncher):
     def spans_other_hosts(self) -> bool:
         return any(not _is_this_host(h) for h, _ in self.hosts())
 
-    def describe(self) -> str:
+    def where(self) -> str:
         return f" on {', '.join(dict.fromkeys(h for h, _ in self.hosts()))} over ssh"
 
     def probe(self) -> None:
@@ -521,7 +521,7 @@ class SlurmLauncher(RemoteMPILauncher):
         self.step: str | None = None  # "<job>.<step>", from the ranks
         self.own_job = "SLURM_JOB_ID" not in os.environ  # srun asked for the allocation itself
 
-    def describe(self) -> str:
+    def where(self) -> str:
         nodes = self.option("nodes")
         return " as a Slurm job step (srun" + (f" -N {nodes}" if nodes else "") + ")"
 

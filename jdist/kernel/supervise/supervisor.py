@@ -3,7 +3,7 @@
 Data flows one way: ipyparallel's IO thread hands every IOPub message of the cell (output,
 displays, jdist's data messages) to a queue (:class:`~jdist.kernel.supervise.view.IppCellView`);
 the kernel's main thread drains it while it waits, prints rank output, feeds records to the
-run's sinks (:class:`~jdist.kernel.supervise.records.RecordCollector`) and polls the fault
+run's sinks (:class:`~jdist.kernel.supervise.collect.RecordCollector`) and polls the fault
 detectors (:mod:`~jdist.kernel.supervise.detectors`). Widgets and displays are only touched from
 the main thread (ipykernel 7 rule).
 
@@ -38,7 +38,7 @@ from jdist.stacks import summary
 from .detectors import Detector, Release, Stop, default_detectors
 from .outcome import Observations, classify
 from .output import RankOutput
-from .records import RecordCollector
+from .collect import RecordCollector
 from .report import INTERRUPT_GRACE_S, CellResult
 from .view import IppCellView, Message
 

@@ -1,11 +1,13 @@
-"""One running cell as ipyparallel sees it: the only code that reads ipyparallel's private members.
+"""One running cell as ipyparallel sees it: the code that reads ipyparallel's ``AsyncResult`` internals.
 
 :class:`IppCellView` wraps the ``AsyncResult`` of ``view.execute``: which ranks still run,
 which failed (as :class:`jdist.errors.RankFailure`), and the IOPub messages of the cell, handed
 to a queue. ipyparallel's public API gives neither per-engine futures nor IOPub callbacks, so
 this reads ``AsyncResult._children`` (one future per engine, in the order the cell was sent),
 each future's ``iopub_callbacks`` and its ``output.metadata``, and the client's IO loop. That
-is why ipyparallel is pinned to 9.x (pyproject.toml).
+is why ipyparallel is pinned to 9.x (pyproject.toml). The two other reads of its private parts:
+the engine launcher's ``_output`` (:func:`jdist.kernel.launch.mpi.engine_set_launcher`, a lenient
+UTF-8 read) and the controller's engine-id file name (removed by ``ClusterSession.stop``).
 """
 
 from __future__ import annotations

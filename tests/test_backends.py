@@ -1,0 +1,86 @@
+"""The backend interface and jdist's backends, their parts that need no process group
+(jdist.rank.backends): the comm timer, the hooks' defaults, FSDP's shard policy. On real ranks:
+tests/test_training.py (every backend), tests/test_extending.py (a backend of one's own)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from jdist.rank.backends import CommTimer, TorchBackend
+from jdist.rank.backends.base import Preparation, tensor_state
+from jdist.rank.backends.ddp import DDPBackend
+from jdist.rank.backends.fsdp import FSDPBackend, default_shard_policy
+
+
+def test_comm_timer_merges_overlapping_intervals():
+    t = CommTimer()
+    t.record(0.0, 1.0)
+    t.record(0.5, 1.5)  # overlaps the first
+    t.record(3.0, 3.25)
+    assert t.take() == pytest.approx(1.75)
+    assert t.take() == 0.0  # reset after take
+
+
+def test_comm_timer_contained_interval():
+    t = CommTimer()
+    t.record(0.0, 2.0)
+    t.record(0.5, 1.0)
+    assert t.take() == pytest.approx(2.0)
+
+
+def test_the_state_a_rank_holds_counts_each_tensor_once():
+    model = nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    tensors = list(tensor_state([model, model], [opt]))  # the same model twice: counted once
+    assert len(tensors) == 2 + 2 + 2 * 2 + 2  # weight, bias, their grads, exp_avg(_sq) of each, two steps
+    assert DDPBackend().local_state_bytes([model], [opt]) == sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_an_optimizer_is_matched_to_its_model_by_the_backends_parameter_identity():
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    backend = DDPBackend()
+    assert backend.param_ids(a) == {id(p) for p in a.parameters()}
+    assert not backend.param_ids(a) & backend.param_ids(b)
+    assert FSDPBackend().param_ids(a) == backend.param_ids(a)  # not sharded (yet): its own parameters
+
+
+def test_the_default_prepare_prepares_each_model_then_its_optimizer():
+    calls = []
+
+    class Recording(TorchBackend):
+        name = "rec"
+
+        def prepare_model(self, model, **options):
+            calls.append(("model", options))
+            return nn.Sequential(model)  # a wrapper, as DDP is
+
+        def prepare_optimizer(self, optimizer, model=None, **options):
+            calls.append(("optimizer", type(model).__name__, options))
+            return optimizer
+
+    m = nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    models, opts = Recording().prepare(Preparation([m], [(opt, m)], {"bucket": 1}, {"compression": "fp16"}, 4))
+    assert isinstance(models[0], nn.Sequential) and opts == [opt]
+    assert calls == [("model", {"bucket": 1}), ("optimizer", "Sequential", {"grad_accum": 4, "compression": "fp16"})]
+
+
+def test_what_is_said_after_a_rebuild_comes_from_the_backend():
+    assert DDPBackend().describe_rebuild(["model"], []) == ("DDP model(s) model now use the new group", None)
+    kept, lost = FSDPBackend().describe_rebuild([], ["big"])
+    assert kept is None and lost.startswith("FSDP model(s) big hold the old group; prepare them again")
+
+
+def test_fsdp_default_policy_shards_blocks_and_transformer_layers():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    model = nn.Sequential(nn.Linear(8, 16), nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False),
+                          nn.ReLU(), nn.Linear(16, 2))
+    picked = default_shard_policy(model)
+    names = [type(m).__name__ for m in picked]
+    # the Linear blocks and the TransformerEncoder (a Sequential child with parameters), then each
+    # of its layers on its own; nothing inside a layer
+    assert names == ["Linear", "TransformerEncoder", "TransformerEncoderLayer", "TransformerEncoderLayer", "Linear"]
