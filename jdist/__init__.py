@@ -11,7 +11,8 @@ The package runs in four places, and its layout says which (docs/architecture.md
 ``jdist.kernel`` (the notebook kernel: magics, cluster, cell supervisor, dashboard),
 ``jdist.rank`` (the ranks: session, training, checkpoints, backends), ``jdist.server`` (the
 Jupyter server extension) and small pure modules any of them uses (``jdist.metrics``,
-``jdist.protocol``, ``jdist.options``, ``jdist.errors``, ``jdist.plugins``, ``jdist.stacks``).
+``jdist.protocol``, ``jdist.codec``, ``jdist.options``, ``jdist.plugins``, ``jdist.errors``,
+``jdist.stacks``, ``jdist.paths``, ``jdist.waiting``...).
 
 Public names, all flat on ``jdist``:
 

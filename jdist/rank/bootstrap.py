@@ -8,10 +8,10 @@ installs the guard (:func:`install_guard`), sets up the backend and the session
 live change runs) and opens the cell namespace (:func:`open_namespace`). What happens to the
 process afterwards (the kernel gone, SIGTERM, exit) is :mod:`jdist.rank.process`.
 
-Example (on an engine):
-    >>> info = setup(config)        # doctest: +SKIP
-    >>> info["rank"], info["world_size"]  # doctest: +SKIP
-    (0, 2)
+On an engine (the kernel sends it as ``RankCall("setup")`` to every engine at once)::
+
+    info = setup(config)            # a jdist.protocol.SetupConfig
+    info["rank"], info["world_size"]  # (0, 2)
 """
 
 from __future__ import annotations
