@@ -190,14 +190,14 @@ def state_bytes(s: RankSession) -> int | None:
     """Bytes this rank holds of prepared models' parameters + gradients and prepared optimizers'
     state, as its backend counts them (:meth:`jdist.rank.backends.Backend.local_state_bytes`:
     local shards under FSDP); None before anything was prepared. Walks every tensor."""
-    from .backends.base import tensor_state
+    from .backends.base import count_state_bytes
 
     models, optimizers = list(s.train.models), list(s.train.optimizers)
     if not models and not optimizers:
         return None
     if s.backend is not None:
         return s.backend.local_state_bytes(models, optimizers)
-    return sum(t.numel() * t.element_size() for t in tensor_state(models, optimizers))
+    return count_state_bytes(models, optimizers)
 
 
 class ModelState:

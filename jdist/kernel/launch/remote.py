@@ -274,8 +274,8 @@ class RemoteMPILauncher(RankLauncher):
                         self._exits.setdefault(int(m.group(1)), int(m.group(2)))
             except OSError:
                 pass
-            if not popen_alive(getattr(launcher, "process", None)):
-                self._all_ended = True
+        if self.engine_launcher_ended():
+            self._all_ended = True
 
     def deaths(self) -> list[int]:
         self._scan()

@@ -182,6 +182,16 @@ def tensor_state(models: Iterable[Any], optimizers: Iterable[Any]) -> Iterable[A
                     yield v
 
 
+def plain_bytes(tensor: Any) -> int:
+    """The bytes of a tensor's own storage (what :meth:`Backend.tensor_bytes` counts by default)."""
+    return tensor.numel() * tensor.element_size()
+
+
+def count_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], bytes_of: Any = plain_bytes) -> int:
+    """``bytes_of`` each tensor of :func:`tensor_state` (each once), summed."""
+    return sum(bytes_of(t) for t in tensor_state(models, optimizers))
+
+
 class Backend(ABC):
     """One distributed training backend (see the module doc for the hooks and their defaults)."""
 
@@ -291,12 +301,11 @@ class Backend(ABC):
         """Bytes this rank holds of ``models``' parameters and gradients and ``optimizers``' state
         (the ``state_bytes`` metric): :meth:`tensor_bytes` of each tensor, counted once. Runs on
         the training thread, at most once a second."""
-        bytes_of = self.tensor_bytes
-        return sum(bytes_of(t) for t in tensor_state(models, optimizers))
+        return count_state_bytes(models, optimizers, self.tensor_bytes)
 
     def tensor_bytes(self, tensor: Any) -> int:
         """The bytes of ``tensor`` this rank holds (a sharded tensor: its local shard)."""
-        return tensor.numel() * tensor.element_size()
+        return plain_bytes(tensor)
 
     def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
         """Write a checkpoint at ``path`` (a temporary name; jdist renames it when every rank is done).

@@ -135,8 +135,7 @@ class FSDPBackend(TorchBackend):
 
     def tensor_bytes(self, tensor: Any) -> int:
         """A DTensor's local shard."""
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        return local.numel() * local.element_size()
+        return super().tensor_bytes(tensor.to_local() if hasattr(tensor, "to_local") else tensor)
 
     def mesh(self) -> Any:
         """A 1-D mesh of all ranks over jdist's process group, on this rank's device type.
