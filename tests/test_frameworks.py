@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import KernelSession
 
-TUTORIAL = Path(__file__).parent.parent / "notebooks" / "multigpu_torchrun.py"  # also notebooks/05-torchrun-script.ipynb
+TUTORIAL = Path(__file__).parent.parent / "notebooks" / "torchrun_train.py"  # also notebooks/05-torchrun-script.ipynb
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,13 @@ def test_ranks_have_the_torchrun_environment(fw):
     assert len(port) == 1 and 1024 <= int(port.pop()) <= 65535  # the same on every rank
 
 
-def test_pytorch_ddp_tutorial_script_runs_unchanged_via_run(fw, tmp_path):
+def test_a_torchrun_script_runs_unchanged_via_run(fw, tmp_path):
     shutil.copy(TUTORIAL, tmp_path / "train.py")
     # a model jdist prepared before the script runs: it must survive the script's destroy_process_group()
     fw.run("%%distributed\nmine = jdist.prepare(torch.nn.Linear(4, 1))")
     out = fw.run(f"%%distributed\nimport os\nos.chdir({str(tmp_path)!r})\n%run train.py 3 1")
-    assert "[RANK0] Epoch 2 | Batchsize: 32 | Steps: 4" in out.stdout, out.stdout
-    assert "Epoch 2 | Training snapshot saved at snapshot.pt" in out.stdout
+    assert "[rank 0] epoch 2: 4 steps, mean loss" in out.stdout, out.stdout
+    assert "[rank 0] epoch 2: snapshot written to snapshot.pt" in out.stdout
     assert (tmp_path / "snapshot.pt").exists()
     # one note each for the script's init_process_group and destroy_process_group, no error
     assert "init_process_group(): using the gloo process group jdist set up (2 ranks)" in out.stderr
@@ -64,8 +64,9 @@ def test_pytorch_ddp_tutorial_script_runs_unchanged_via_run(fw, tmp_path):
     all_reduce_works(fw)
     fw.run("%%distributed\nmine(torch.randn(2, 4)).sum().backward()")  # DDP all-reduces its gradients
     # run again: it resumes from its snapshot, as under torchrun
-    out = fw.run("%%distributed\n%run train.py 3 1")
-    assert "Resuming training from snapshot at Epoch 2" in out.stdout, out.stdout
+    out = fw.run("%%distributed\n%run train.py 4 1")
+    assert "[rank 0] resuming at epoch 3 from snapshot.pt" in out.stdout, out.stdout
+    assert "[rank 0] epoch 3: 4 steps" in out.stdout and "epoch 2:" not in out.stdout
     fw.run(f"%%distributed\nos.chdir({os.getcwd()!r})")
 
 
@@ -84,7 +85,7 @@ def test_the_same_script_under_torchrun(tmp_path):
             os.killpg(proc.pid, 9)
             proc.wait()
     assert proc.returncode == 0, stderr[-3000:]
-    assert "[RANK0] Epoch 1 | Batchsize: 32 | Steps: 4" in stdout
+    assert "[rank 0] epoch 1: 4 steps, mean loss" in stdout and "snapshot written to snapshot.pt" in stdout
 
 
 def test_init_process_group_that_differs_is_one_line(fw):
