@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: venv horovod chromium testbed labextension demo test test-fast bench lab clean
+.PHONY: venv horovod deepspeed chromium testbed labextension demo test test-fast bench lab clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -27,12 +27,17 @@ venv: $(STAMP)
 horovod: venv
 	tools/build_horovod.sh $(VENV)
 
+# DeepSpeed (--backend deepspeed, installed with the venv) builds a C++ op the first time a cluster
+# starts (~35 s): built here once, cached in ~/.cache/jdist/torch_extensions.
+deepspeed: venv
+	$(BIN)/python tools/build_deepspeed_ops.py
+
 demo: venv
 	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
 
 # One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
-test: venv horovod chromium testbed
+test: venv horovod deepspeed chromium testbed
 	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
 
 # The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI
@@ -53,7 +58,7 @@ testbed:
 labextension: venv
 	VENV=$(VENV) tools/build_labextension.sh
 
-bench: venv horovod chromium
+bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_dashboard.py
 	$(BIN)/python benchmarks/bench_backends.py

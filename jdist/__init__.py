@@ -21,7 +21,8 @@ Public names, all flat on ``jdist``:
   :func:`no_sync`, :func:`is_sync_step`, :func:`scale_lr`, :func:`warmup`; checkpoints
   :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
   :func:`checkpoint_every`, :func:`restored_step`; framework integrations :class:`HFCallback`,
-  :class:`LightningCallback`, :class:`AccelerateTracker` (docs/frameworks.md);
+  :class:`LightningCallback`, :class:`AccelerateTracker` (docs/frameworks.md); under
+  ``--backend deepspeed``: :func:`deepspeed_config`, :func:`hf_deepspeed_config` (docs/backends.md);
 * in the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a DataFrame),
   :func:`runs`, and ``%load_ext jdist``;
 * anywhere: :class:`Run`, :func:`read_run`, :data:`AUTO_METRICS`.
@@ -59,6 +60,8 @@ _LAZY = {
     "HFCallback": "jdist.rank.integrations.hf",
     "LightningCallback": "jdist.rank.integrations.lightning",
     "AccelerateTracker": "jdist.rank.integrations.accelerate",
+    "deepspeed_config": "jdist.rank.backends.deepspeed",
+    "hf_deepspeed_config": "jdist.rank.backends.deepspeed",
     # kernel
     "load_ipython_extension": "jdist.kernel.magics",  # %load_ext jdist
     "last_run": "jdist.kernel.sinks",

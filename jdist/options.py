@@ -77,7 +77,7 @@ class Option:
     help: str
     scope: Scope
     type: Any = None
-    choices: tuple[str, ...] | None = None
+    choices: tuple[Any, ...] | None = None
     metavar: str | None = None
     switch: bool = False  # a flag without a value (this cell)
     toggle: bool = False  # "--flag" turns it on, "--flag off" turns it off
@@ -521,10 +521,11 @@ class OptionTable:
                 if self.by_name[k].message]
 
     def rank_options(self, config: ClusterConfig) -> dict[str, Any]:
-        """The values the ranks apply at set-up: every option ``applied_by="ranks"`` and every
-        option of the selected backend (its default where not given)."""
+        """The values the ranks apply at set-up: each of jdist's own options ``applied_by="ranks"``
+        and every option of the selected backend (its default where not given)."""
         backend = self.owner("backend", config.backend)
-        names = [o.name for o in self.cluster if o.applied_by == "ranks"]
+        plugins = {o.name for owner in self.owners for o in owner.options}
+        names = [o.name for o in self.cluster if o.applied_by == "ranks" and o.name not in plugins]
         names += [o.name for o in (backend.options if backend else ()) if o.name not in names]
         return {name: config.get(name, self.by_name[name].default) for name in names}
 

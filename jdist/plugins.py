@@ -31,7 +31,7 @@ jdist's own plugins are registered the same way (pyproject.toml). :func:`option_
 
 Example:
     >>> available_backends()
-    ['ddp', 'fsdp', 'horovod']
+    ['ddp', 'deepspeed', 'fsdp', 'horovod']
     >>> backend_spec("ddp").factory
     'jdist.rank.backends.ddp:DDPBackend'
     >>> option_table().option("hosts").flag
@@ -190,6 +190,38 @@ HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", r
                       help="Horovod DistributedOptimizer over the ranks' MPI world")
 
 
+DEEPSPEED_INSTALL_HINT = (
+    "DeepSpeed is not installed in this environment: pip install 'jdist[deepspeed]' (DeepSpeed 0.19; `make test` "
+    "installs it), then %dist restart. Or pick --backend fsdp for sharded training."
+)
+ZERO = Option("zero", ("--zero",), "DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also "
+              "parameters (default 2). Engines prepared from then on use it.", Scope.LIVE, type=int,
+              choices=(1, 2, 3), metavar="1|2|3", applied_by="ranks", default=2,
+              message="ZeRO-{} for models prepared from now on (jdist.prepare).")
+OFFLOAD = Option("offload", ("--offload",), "DeepSpeed offload to host memory: none, optimizer (its state), or all "
+                 "(optimizer state and parameters; needs --zero 3). Engines prepared from then on use it.",
+                 Scope.LIVE, choices=("none", "optimizer", "all"), applied_by="ranks", default="none",
+                 message="offload {} for models prepared from now on (jdist.prepare).")
+
+
+def check_deepspeed(config: ClusterConfig) -> None:
+    """What DeepSpeed cannot run on jdist's ranks, as one line with the fix."""
+    zero, offload = int(config.get("zero", 2)), config.get("offload", "none")
+    if offload == "all" and zero != 3:
+        raise ValueError(f"--offload all moves parameters to host memory, which only ZeRO-3 partitions: give --zero 3, "
+                         f"or --offload optimizer with --zero {zero}.")
+    if config.precision == "fp16" and not config.gpus:
+        raise ValueError("--backend deepspeed runs fp16 (with its loss scaling) on GPU ranks only: on CPU ranks use "
+                         "--precision bf16, or start GPU ranks with --gpus N.")
+
+
+DEEPSPEED = BackendSpec("deepspeed", "jdist.rank.backends.deepspeed:DeepSpeedBackend", requires=("deepspeed",),
+                        install_hint=DEEPSPEED_INSTALL_HINT, backward_waits=True,
+                        collective_paths=(*COLLECTIVE_PATHS, "/deepspeed/comm/", "/deepspeed/runtime/zero/"),
+                        options=(ZERO, OFFLOAD), check=check_deepspeed,
+                        help="DeepSpeed ZeRO engines (stage 1/2/3, optional offload) on jdist's process group")
+
+
 def _load_specs(group: str, kind: type) -> dict[str, Any]:
     specs = {}
     for name, ep in _entry_points(group).items():
@@ -217,7 +249,7 @@ def backend_spec(name: str) -> BackendSpec:
     >>> backend_spec("nope")
     Traceback (most recent call last):
     ...
-    ValueError: Unknown backend 'nope'. Use --backend with one of: ddp, fsdp, horovod.
+    ValueError: Unknown backend 'nope'. Use --backend with one of: ddp, deepspeed, fsdp, horovod.
     """
     try:
         return backend_specs()[name]

@@ -36,8 +36,11 @@ def test_the_state_a_rank_holds_counts_each_tensor_once():
     model(torch.ones(1, 4)).sum().backward()
     opt.step()
     tensors = list(tensor_state([model, model], [opt]))  # the same model twice: counted once
-    assert len(tensors) == 2 + 2 + 2 * 2 + 2  # weight, bias, their grads, exp_avg(_sq) of each, two steps
-    assert DDPBackend().local_state_bytes([model], [opt]) == sum(t.numel() * t.element_size() for t in tensors)
+    assert sorted(k for k, _ in tensors) == ["grads"] * 2 + ["optimizer"] * 6 + ["params"] * 2  # 2 moments, step
+    held = DDPBackend().local_state_bytes([model], [opt])
+    by_kind = {k: sum(t.numel() * t.element_size() for kind, t in tensors if kind == k) for k in ("params", "grads")}
+    assert (held.params, held.grads) == (by_kind["params"], by_kind["grads"]) == (40, 40)
+    assert held.optimizer == 2 * 40 + 2 * 4 and held.total == 40 + 40 + 88  # two moments, a step count per tensor
 
 
 def test_an_optimizer_is_matched_to_its_model_by_the_backends_parameter_identity():

@@ -203,7 +203,7 @@ def _scenario(lab, page) -> None:
                            arg=before, timeout=60_000)
     after = page.evaluate(read_dash)
     assert after["gaps"] == 0 and after["progress"].startswith("step "), after
-    for panel in ("loss", "time", "memory", "throughput"):
+    for panel in ("loss", "time", "memory", "throughput", "state"):
         assert dash.locator(f".jp-jdist-chartbox[data-panel={panel}] svg").count() == 1, panel
     assert dash.locator(".jp-jdist-chart-loss path.jp-jdist-band").count() >= 1  # min–max band
     page.wait_for_function(VAL_DRAWN.format(root=".jp-jdist-dash"), timeout=30_000)  # val_loss: its own line
@@ -223,7 +223,7 @@ def _scenario(lab, page) -> None:
     page.wait_for_function(
         "() => { const p = document.querySelector('.jp-jdist-runview .jp-jdist-chart-loss path.jp-jdist-line');"
         " return p && Number(p.dataset.points) > 3; }", timeout=30_000)
-    for panel in ("loss", "time", "memory", "throughput"):
+    for panel in ("loss", "time", "memory", "throughput", "state"):
         assert view.locator(f".jp-jdist-chartbox[data-panel={panel}] svg").count() == 1, panel
     assert view.locator(".jp-jdist-chart-loss path.jp-jdist-band").count() >= 1  # min–max band
     page.wait_for_function(VAL_DRAWN.format(root=".jp-jdist-runview"), timeout=30_000)

@@ -165,12 +165,13 @@ def test_memory_axis_on_gpu():
 def test_titles_carry_the_units(dash):
     titles = [p["title"] for p in dash.widget.layout]
     assert titles == ["loss", "time per step (s), last 20 steps", "host memory RSS (MiB)",
-                      "throughput, samples/s (all ranks)"]
+                      "throughput, samples/s (all ranks)", "training state per rank (MiB)"]
 
 
 def test_colours_are_the_same_in_every_view(dash):
     layout = {p["key"]: [s["color"] for s in p["series"]] for p in dash.widget.layout}
-    assert layout == {"loss": [BLUE], "time": [BLUE, ORANGE], "memory": [BLUE, ORANGE, GREEN], "throughput": [BLUE]}
+    assert layout == {"loss": [BLUE], "time": [BLUE, ORANGE], "memory": [BLUE, ORANGE, GREEN],
+                      "throughput": [BLUE], "state": [BLUE, ORANGE, GREEN]}
     drawn = svg_panels(render_svg(dash.run))
     fills = [r.get("fill") for r in drawn["time"].iter(f"{SVG}rect") if r.get("class") == "bar"]
     assert fills == [BLUE, ORANGE] * RANKS  # per rank: compute, then communication on top
@@ -327,7 +328,7 @@ def test_static_bundle_has_text_and_svg():
     assert "done after 12.0 s" in bundle["text/plain"]
     svg = bundle["image/svg+xml"]
     root = ET.fromstring(svg)
-    assert (root.get("width"), root.get("height")) == ("1000", "588")
+    assert (root.get("width"), root.get("height")) == ("1000", "868")  # three rows of two panels
     assert set(bundle) == {"text/plain", "image/svg+xml"}  # the image is stored once
     drawn = svg_panels(svg)
     assert [g.get("data-title") for g in drawn.values()] == [p["title"] for p in panels(run)]
@@ -468,7 +469,7 @@ def test_every_panel_is_drawn_by_every_view_from_one_definition():
     """A panel is data: the live widget and the static SVG draw each panel of PANELS by its kind."""
     run = make_run()
     drawn = panels(run)
-    assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput"] and len(drawn) == len(PANELS)
+    assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput", "state"] and len(drawn) == len(PANELS)
     d = Dashboard(run)
     d.update(force=True)
     def heads(ps):
@@ -498,9 +499,9 @@ def test_a_new_panel_is_one_function(monkeypatch):
     d = Dashboard(run)
     d.update(force=True)
     assert d.points("grad")["y"] == d.points("loss")["high"]
-    assert d.widget.layout[4]["title"] == "gradient norm"
+    assert d.widget.layout[5]["title"] == "gradient norm"
     drawn = svg_panels(render_svg(run))
-    assert list(drawn) == ["loss", "time", "memory", "throughput", "grad"]
+    assert list(drawn) == ["loss", "time", "memory", "throughput", "state", "grad"]
     d.finish()
 
 

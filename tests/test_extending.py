@@ -115,7 +115,7 @@ def test_the_plugins_run_on_real_ranks_and_show_everywhere(ext, tmp_path):
     assert sparks == [("loss", 8), ("time", 8), ("parameters", 8)]
     detail = ext.value(f"[p['key'] for p in {runs}.run_detail(jdist.read_run(jdist.last_run().path), set(), None, "
                        "jdist.last_run().path)['panels']]")
-    assert detail == ["loss", "time", "memory", "throughput", "parameters"]
+    assert detail == ["loss", "time", "memory", "throughput", "state", "parameters"]
 
 
 TRAIN = """

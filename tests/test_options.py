@@ -47,7 +47,7 @@ def test_every_option_has_a_flag_help_and_scope_and_jdists_own_are_config_fields
     assert owners == {"hosts": ["launcher:ssh"], "hostfile": ["launcher:ssh"], "slurm": ["launcher:slurm"],
                       "nodes": ["launcher:slurm"], "ip": ["launcher:slurm", "launcher:ssh"],
                       "iface": ["launcher:slurm", "launcher:ssh"], "tensorboard": ["sink:tensorboard"],
-                      "mlflow": ["sink:mlflow"]}
+                      "mlflow": ["sink:mlflow"], "zero": ["backend:deepspeed"], "offload": ["backend:deepspeed"]}
 
 
 def test_options_not_given_are_told_apart_from_defaults():
@@ -198,13 +198,13 @@ def test_two_plugins_cannot_define_one_option_differently():
 
 
 def test_a_backends_option_belongs_to_it():
-    zero = Option("zero", ("--zero",), "ZeRO stage", Scope.RESTART, type=int, default=0)
+    zero = Option("stage", ("--stage",), "engine stage", Scope.RESTART, type=int, default=0)
     table = OptionTable([*TABLE.owners, OptionOwner("backend", "engine", (zero,))])
-    config = table.config({"n": 2, "zero": 3})
-    with pytest.raises(ValueError, match=r"--zero is an option of --backend engine, not of --backend ddp: give "
-                                         r"--backend engine, or leave --zero out"):
+    config = table.config({"n": 2, "stage": 3})
+    with pytest.raises(ValueError, match=r"--stage is an option of --backend engine, not of --backend ddp: give "
+                                         r"--backend engine, or leave --stage out"):
         table.check(config)
-    ok = table.config({"n": 2, "backend": "engine", "zero": 3})
+    ok = table.config({"n": 2, "backend": "engine", "stage": 3})
     table.check(ok)
-    assert table.rank_options(ok) == {"threads": None, "precision": "fp32", "zero": 3}
-    assert table.rank_options(table.config({"n": 2, "backend": "engine"}))["zero"] == 0  # its default
+    assert table.rank_options(ok) == {"threads": None, "precision": "fp32", "stage": 3}
+    assert table.rank_options(table.config({"n": 2, "backend": "engine"}))["stage"] == 0  # its default

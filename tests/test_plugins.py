@@ -18,12 +18,12 @@ from jdist.plugins import HOROVOD, BackendSpec, available_backends, available_la
 
 
 def test_builtin_backends_and_launchers_come_from_entry_points():
-    assert available_backends() == ["ddp", "fsdp", "horovod"]
+    assert available_backends() == ["ddp", "deepspeed", "fsdp", "horovod"]
     for name in available_backends():
         assert backend_spec(name).load().name == name  # the class the ranks import
     assert available_launchers() == ["local-mpi", "slurm", "ssh"]
     assert launcher_class("local-mpi").name == "local-mpi"
-    with pytest.raises(ValueError, match=r"Unknown backend 'nope'.*--backend.*ddp, fsdp, horovod"):
+    with pytest.raises(ValueError, match=r"Unknown backend 'nope'.*--backend.*ddp, deepspeed, fsdp, horovod"):
         backend_spec("nope")
     with pytest.raises(ValueError, match=r"Unknown launcher 'srun'.*--launcher.*local-mpi"):
         launcher_class("srun")

@@ -151,7 +151,7 @@ def test_runs_from_the_run_log_with_lost_status(server):
     detail = server.get(f"{API}/runs/{run.run_id}")
     assert detail["status"] == "lost" and detail["steps_done"] == 5 and detail["total_steps"] == 10
     panels = {p["key"]: p for p in detail["panels"]}
-    assert list(panels) == ["loss", "time", "memory", "throughput"]
+    assert list(panels) == ["loss", "time", "memory", "throughput", "state"]
     (loss,) = panels["loss"]["series"]
     assert loss["x"] == [0, 1, 2, 3, 4] and loss["low"][0] == pytest.approx(0.5) and loss["high"][0] == 1.0
     memory = {s["name"]: s["values"] for s in panels["memory"]["series"]}

@@ -1,4 +1,4 @@
-"""Training features on real 2-rank MPI clusters, once per backend (ddp, fsdp, horovod).
+"""Training features on real 2-rank MPI clusters, once per backend (ddp, fsdp, horovod, deepspeed).
 
 The same rank code runs under every backend with only the backend name changed:
 ``jdist.prepare(model, opt)``, gradient accumulation, bf16/fp16, clipping, LR helpers,
@@ -13,13 +13,15 @@ from ipyparallel import interactive
 
 from jdist.kernel.cluster import ClusterSession
 from jdist.options import ClusterConfig
-from jdist.plugins import HOROVOD
+from jdist.plugins import DEEPSPEED, HOROVOD
 
 BACKENDS = {
     "ddp": "ddp",
     "fsdp": "fsdp",
     "horovod": pytest.param("horovod", marks=pytest.mark.skipif(
         HOROVOD.unavailable() is not None, reason="Horovod is not installed: make horovod (make test installs it)")),
+    "deepspeed": pytest.param("deepspeed", marks=pytest.mark.skipif(
+        DEEPSPEED.unavailable() is not None, reason="DeepSpeed is not installed: pip install 'jdist[deepspeed]'")),
 }
 
 
@@ -136,7 +138,8 @@ accum_diff = max((one[k] - four[k]).abs().max().item() for k in one)
 
 
 def test_precision_bf16_and_fp16_train_and_fp16_uses_a_grad_scaler(cluster):
-    for precision in ("bf16", "fp16"):
+    # DeepSpeed runs fp16 on GPU ranks only (refused on CPU ranks: tests/test_deepspeed.py)
+    for precision in ("bf16",) if cluster.config.backend == "deepspeed" else ("bf16", "fp16"):
         cluster.apply_live({"precision": precision})
         _run(cluster, r'''
 model = make_model()
@@ -165,6 +168,7 @@ result = dict(out_dtype=str(out.dtype), finite=all(l == l for l in losses), lear
     assert _pull(cluster, "prec") == ["fp32", "fp32"]
 
 
+@pytest.mark.backends("ddp", "fsdp", "horovod")  # DeepSpeed: fp16 on GPU ranks only
 def test_fp16_without_jdist_backward_says_what_to_call(cluster):
     cluster.apply_live({"precision": "fp16"})
     try:
@@ -180,6 +184,7 @@ opt.step()
         cluster.apply_live({"precision": "fp32"})
 
 
+@pytest.mark.backends("ddp", "fsdp", "horovod")  # DeepSpeed clips inside its step: tests/test_deepspeed.py
 def test_clip_grad_norm_is_global_across_ranks(cluster):
     _run(cluster, r'''
 model = make_model(dropout=0.0)
@@ -261,7 +266,7 @@ resumed = params(model)
     for ref, got in zip(reference, _pull(cluster, "resumed")):
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], rtol=0, atol=1e-6)
-    assert ckpt.is_dir() == (cluster.config.backend == "fsdp")
+    assert ckpt.is_dir() == (cluster.config.backend in ("fsdp", "deepspeed"))  # sharded: a folder
 
 
 def test_automatic_checkpoints_every_n_steps_keep_the_newest(cluster, tmp_path):
@@ -287,8 +292,8 @@ def _state_bytes():
     return jdist.rank.sources.state_bytes(jdist.rank.session())
 
 
-def test_state_bytes_metric_counts_local_shards(cluster):
-    """Parameters + gradients + AdamW state of a 1.1M-parameter model, as this rank holds them."""
+def test_state_bytes_metric_counts_local_shards_by_kind(cluster):
+    """Parameters, gradients and AdamW state of a 1.1M-parameter model, as this rank holds them."""
     _run(cluster, r'''
 big = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))
 big, bopt = jdist.prepare(big, torch.optim.AdamW(big.parameters(), lr=1e-3))
@@ -297,10 +302,18 @@ bopt.step()
 ''')
     per_rank = cluster.apply(_state_bytes)
     n_params = 512 * 1024 + 1024 + 1024 * 512 + 512
-    full_state = 4 * n_params * 4  # fp32 params, grads, exp_avg, exp_avg_sq
-    share = 0.5 if cluster.config.backend == "fsdp" else 1.0
-    for got in per_rank:  # the small models prepared earlier in this module add under 1 %
-        assert got == pytest.approx(full_state * share, rel=0.05)
+    p = 4 * n_params  # fp32
+    # (parameters, gradients, optimizer state) in units of p; the small models prepared earlier in
+    # this module add under 1 %
+    expected = {"ddp": (1, 1, 2), "horovod": (1, 1, 2), "fsdp": (0.5, 0.5, 1),
+                # ZeRO-2: parameters replicated; gradient partitions freed by the step; optimizer state:
+                # this rank's half of fp32 master weights and of both AdamW moments
+                "deepspeed": (1, 0, 1.5)}[cluster.config.backend]
+    for got in per_rank:
+        assert got.params == pytest.approx(expected[0] * p, rel=0.05), got
+        assert got.grads == pytest.approx(expected[1] * p, rel=0.05, abs=0.01 * p), got
+        assert got.optimizer == pytest.approx(expected[2] * p, rel=0.05), got
+        assert got.total == got.params + got.grads + got.optimizer
     _run(cluster, "del big, bopt")
 
 

@@ -138,10 +138,18 @@ class ClusterSession:
         self.state_file = statefile.write(self)  # lets the Jupyter server list this cluster; best effort
         kinds = sorted({r["device"] for r in self.ranks})
         say(
-            f"Ready: {n} rank(s), backend {self.config.backend}, device(s) {', '.join(kinds)} "
+            f"Ready: {n} rank(s), backend {self.backend_label()}, device(s) {', '.join(kinds)} "
             f"({time.perf_counter() - t0:.1f} s)."
         )
         return self.ranks
+
+    def backend_label(self) -> str:
+        """The backend with the values of its own options: ``deepspeed (zero 3, offload none)``."""
+        from jdist.plugins import backend_spec
+
+        own = backend_spec(self.config.backend).options
+        values = ", ".join(f"{o.name} {self.config.get(o.name, o.default)}" for o in own)
+        return f"{self.config.backend} ({values})" if values else self.config.backend
 
     def _start_reaper(self) -> None:
         """Ranks on other hosts: a reaper ends the controller, the launcher and the job step if this

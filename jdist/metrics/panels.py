@@ -24,7 +24,7 @@ Example:
     >>> run = Run("demo", world_size=1)
     >>> _ = run.add([{"rank": 0, "seq": 0, "step": 0, "loss": 1.0, "val_loss": 1.5, "step_time_s": 0.5}])
     >>> [p["key"] for p in panels(run)]
-    ['loss', 'time', 'memory', 'throughput']
+    ['loss', 'time', 'memory', 'throughput', 'state']
     >>> [(s["name"], s["y"]) for s in panels(run)[0]["series"]]
     [('loss', [1.0]), ('val_loss', [1.5])]
 """
@@ -433,6 +433,42 @@ def _memory_summary(run: Run) -> list[str]:
     return lines
 
 
+#: The memory breakdown: what each rank holds of the training state, by kind.
+STATE_PARTS = (("parameters", "param_bytes", BLUE), ("gradients", "grad_bytes", ORANGE),
+               ("optimizer state", "optim_bytes", GREEN))
+
+
+def state_panel(run: Run) -> BarDef:
+    """Per rank, the bytes of parameters, gradients and optimizer state it holds (stacked: local
+    shards under FSDP and ZeRO, so DDP, FSDP and ZeRO stages compare at a glance); in the summary,
+    each rank's breakdown."""
+    ranks = _ranks(run)
+    latest = [run.latest(r) or {} for r in ranks]
+    panel = BarPanel(key="state", kind="bars", title="training state per rank (MiB)", unit="MiB", stacked=True,
+                     categories=[rank_label(run, r) for r in ranks], series=[
+                         BarSeries(name=name, color=color, values=[_mib(rec.get(metric)) for rec in latest], labels=True)
+                         for name, metric, color in STATE_PARTS])
+    return BarDef(panel, summary=_state_summary)
+
+
+def _state_summary(run: Run) -> list[str]:
+    """Each rank's parameters / gradients / optimizer state.
+
+    >>> from jdist.metrics import Run
+    >>> recs = [{"rank": r, "seq": 0, "step": 1, "time": 0.0, "cell": 1, "param_bytes": 2**20 * (2 - r),
+    ...          "grad_bytes": 2**20, "optim_bytes": 2**21} for r in (0, 1)]
+    >>> run = Run("x", 2); _ = run.add(recs)
+    >>> _state_summary(run)
+    ['training state (parameters / gradients / optimizer): r0 2.0 MiB / 1.0 MiB / 2.0 MiB, r1 1.0 MiB / 1.0 MiB / 2.0 MiB']
+    """
+    parts = {r: [(run.latest(r) or {}).get(metric) for _, metric, _ in STATE_PARTS] for r in run.ranks}
+    shown = {r: v for r, v in parts.items() if any(is_number(x) for x in v)}
+    if not shown:
+        return []
+    return ["training state (parameters / gradients / optimizer): " + ", ".join(
+        f"r{r} " + " / ".join(_size(x) if is_number(x) else "-" for x in v) for r, v in shown.items())]
+
+
 def throughput_panel(run: Run) -> LineDef:
     """Samples/s summed over the ranks once a batch size is known (even before a point can be
     drawn, so the title does not flip), at steps every rank reporting it has reached; else steps/s."""
@@ -445,7 +481,7 @@ def throughput_panel(run: Run) -> LineDef:
 
 
 #: jdist's panels, in the order the views lay them out (two per row); plugins' follow (:func:`all_panels`).
-PANELS: tuple[Callable[[Run], PanelDef], ...] = (loss_panel, time_panel, memory_panel, throughput_panel)
+PANELS: tuple[Callable[[Run], PanelDef], ...] = (loss_panel, time_panel, memory_panel, throughput_panel, state_panel)
 
 
 def all_panels() -> tuple[Callable[[Run], PanelDef], ...]:

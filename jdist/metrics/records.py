@@ -44,7 +44,11 @@ CORE_METRICS: dict[str, str] = {
     "samples_per_s": "batch_size x batches since the previous log (training forwards of prepared models, at "
     "least 1) / step_time_s on this rank, when a batch size is known",
     "state_bytes": "bytes this rank holds of the prepared models' parameters and gradients and the prepared "
-    "optimizers' state (local shards under FSDP)",
+    "optimizers' state (local shards under FSDP and ZeRO): param_bytes + grad_bytes + optim_bytes",
+    "param_bytes": "bytes of the prepared models' parameters this rank holds (FSDP, ZeRO-3: its shard)",
+    "grad_bytes": "bytes of gradients this rank holds (FSDP, ZeRO-2/3: the partition it reduces)",
+    "optim_bytes": "bytes of optimizer state this rank holds (FSDP, ZeRO-1/2/3: its partition, with "
+    "ZeRO's fp32 master weights), wherever it lives (host memory under --offload)",
 }
 
 

@@ -30,7 +30,7 @@ import os
 import resource
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from .backends.base import merged_seconds
+from .backends.base import StateBytes, merged_seconds
 from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, Entry, T
 
 if TYPE_CHECKING:
@@ -186,10 +186,10 @@ class Throughput:
             rec["samples_per_s"] = batch_size * batches / step_time if batch_size and step_time > 0 else None
 
 
-def state_bytes(s: RankSession) -> int | None:
-    """Bytes this rank holds of prepared models' parameters + gradients and prepared optimizers'
+def state_bytes(s: RankSession) -> StateBytes | None:
+    """Bytes this rank holds of prepared models' parameters and gradients and prepared optimizers'
     state, as its backend counts them (:meth:`jdist.rank.backends.Backend.local_state_bytes`:
-    local shards under FSDP); None before anything was prepared. Walks every tensor."""
+    local shards under FSDP and ZeRO); None before anything was prepared. Walks every tensor."""
     from .backends.base import count_state_bytes
 
     models, optimizers = list(s.train.models), list(s.train.optimizers)
@@ -206,11 +206,11 @@ class ModelState:
     autograd sets a parameter's ``.grad`` without holding the GIL, and reading it from another
     thread at that moment crashes the process."""
 
-    names = ("state_bytes",)
+    names = ("state_bytes", "param_bytes", "grad_bytes", "optim_bytes")
 
     def __init__(self, max_age_s: float = 1.0) -> None:
         self.max_age_s = max_age_s
-        self.value: int | None = None
+        self.value: StateBytes | None = None
         self.due = -1e9  # perf_counter time of the next count
 
     def begin_cell(self, s: RankSession, now: float) -> None:
@@ -223,7 +223,11 @@ class ModelState:
     def at_log(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
         if now >= self.due:  # count now; the next count is due max_age_s later
             self.value, self.due = state_bytes(s), now + self.max_age_s
-        rec["state_bytes"] = self.value
+        v = self.value
+        rec["state_bytes"] = v.total if v is not None else None
+        rec["param_bytes"] = v.params if v is not None else None
+        rec["grad_bytes"] = v.grads if v is not None else None
+        rec["optim_bytes"] = v.optimizer if v is not None else None
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
         pass  # set in the record by at_log

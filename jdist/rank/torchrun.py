@@ -29,7 +29,7 @@ import inspect
 import os
 import socket
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .backends.base import RankContext
 
@@ -49,10 +49,12 @@ def torchrun_environment(*, rank: int, world_size: int, local_rank: int, local_w
     return {key: str(value) for key, value in values.items()}
 
 
-def install(ctx: RankContext, run_id: str) -> dict[str, str]:
+def install(ctx: RankContext, run_id: str, overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """Set the torchrun environment of this rank and route user calls of
     ``init_process_group``/``destroy_process_group`` through jdist (collective over MPI:
-    every rank calls it during set-up). Returns the variables set."""
+    every rank calls it during set-up). ``overrides``: the backend's
+    (:attr:`Backend.worker_env <jdist.rank.backends.Backend.worker_env>`; None: not set).
+    Returns the variables set."""
     hosts = ctx.comm.allgather(ctx.hostname)
     order = list(dict.fromkeys(hosts))  # hosts in order of their first rank
     port = ctx.port or ctx.comm.bcast(_free_port(ctx.master_addr) if ctx.rank == 0 else None, root=0)
@@ -64,6 +66,12 @@ def install(ctx: RankContext, run_id: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(torch.get_num_threads())
     if ctx.device_kind == "cpu":  # what `accelerate launch --cpu` sets: Accelerate and the HF Trainer use CPU ranks
         env["ACCELERATE_USE_CPU"] = os.environ.get("ACCELERATE_USE_CPU") or "true"
+    for name, value in (overrides or {}).items():
+        if value is None:
+            env.pop(name, None)
+            os.environ.pop(name, None)
+        else:
+            env[name] = value
     os.environ.update(env)
     _patch()
     _not_interactive()

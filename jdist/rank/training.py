@@ -76,14 +76,14 @@ def scaler(s: RankSession) -> Any:
     return s.train.scaler
 
 
-def _to_fp32(out: Any) -> Any:
+def to_fp32(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
     if isinstance(out, (list, tuple)):
-        converted = [_to_fp32(o) for o in out]
+        converted = [to_fp32(o) for o in out]
         return type(out)(*converted) if hasattr(out, "_fields") else type(out)(converted)
     if isinstance(out, dict):
-        return type(out)((k, _to_fp32(v)) for k, v in out.items())
+        return type(out)((k, to_fp32(v)) for k, v in out.items())
     return out
 
 
@@ -115,7 +115,7 @@ def _wrap_forward(model: Any, s: RankSession) -> None:
             return inner(*args, **kwargs)
         with torch.autocast(device_type, dtype=dtype):
             out = inner(*args, **kwargs)
-        return _to_fp32(out)
+        return to_fp32(out)
 
     model.forward = forward
     model._jdist_forward = inner

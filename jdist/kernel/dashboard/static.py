@@ -14,7 +14,7 @@ Example:
     >>> from jdist.metrics import Run
     >>> svg = render_svg(Run("x", 1, records=[]))
     >>> svg.startswith("<svg") and svg.count('class="panel"')
-    4
+    5
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the model wrapper, like DDP):
 * a step: :meth:`~Backend.backward`, :meth:`~Backend.synchronize`, :meth:`~Backend.step_context`,
   :meth:`~Backend.optimizer_step`, :meth:`~Backend.clip_grad_norm_`, :meth:`~Backend.grad_scaler`,
   :meth:`~Backend.set_gradient_sync`;
-* what a rank holds: :meth:`~Backend.local_state_bytes` (the ``state_bytes`` metric, from
+* what a rank holds: :meth:`~Backend.local_state_bytes` (the memory breakdown, from
   :meth:`~Backend.tensor_bytes` of each tensor); checkpoints: :meth:`~Backend.save_state`,
   :meth:`~Backend.load_state`, :meth:`~Backend.unwrap`;
 * after a release: :meth:`~Backend.reattach` each model to the new group, and
@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 
 @dataclass
@@ -165,21 +166,35 @@ class Preparation:
     grad_accum: int = 1
 
 
-def tensor_state(models: Iterable[Any], optimizers: Iterable[Any]) -> Iterable[Any]:
-    """Every tensor the models' parameters and gradients and the optimizers' state hold, each once."""
+class StateBytes(NamedTuple):
+    """Bytes of training state one rank holds: parameters, gradients, optimizer state (the
+    ``param_bytes``/``grad_bytes``/``optim_bytes`` metrics; ``total`` is ``state_bytes``)."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def tensor_state(models: Iterable[Any], optimizers: Iterable[Any]) -> Iterable[tuple[str, Any]]:
+    """``(kind, tensor)`` for every tensor the models' parameters (``"params"``) and gradients
+    (``"grads"``) and the optimizers' state (``"optimizer"``) hold, each tensor once."""
     seen: set[int] = set()
     for model in models:
         for p in model.parameters():
-            for t in (p, p.grad):
+            for kind, t in (("params", p), ("grads", p.grad)):
                 if t is not None and id(t) not in seen:
                     seen.add(id(t))
-                    yield t
+                    yield kind, t
     for opt in optimizers:
         for st in opt.state.values():
             for v in st.values():
                 if hasattr(v, "element_size") and hasattr(v, "numel") and id(v) not in seen:
                     seen.add(id(v))
-                    yield v
+                    yield "optimizer", v
 
 
 def plain_bytes(tensor: Any) -> int:
@@ -187,9 +202,46 @@ def plain_bytes(tensor: Any) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def count_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], bytes_of: Any = plain_bytes) -> int:
-    """``bytes_of`` each tensor of :func:`tensor_state` (each once), summed."""
-    return sum(bytes_of(t) for t in tensor_state(models, optimizers))
+def count_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], bytes_of: Any = plain_bytes) -> StateBytes:
+    """``bytes_of`` each tensor of :func:`tensor_state` (each once), summed by kind."""
+    sums = {"params": 0, "grads": 0, "optimizer": 0}
+    for kind, t in tensor_state(models, optimizers):
+        sums[kind] += bytes_of(t)
+    return StateBytes(**sums)
+
+
+def timed_call(timer: CommTimer | None, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
+    """Run one collective (``call``) and report its interval to ``timer``: wall clock on CPU
+    ranks (an async one: until its future completes), a pair of CUDA events on GPU ranks."""
+    if timer is None:
+        return call()
+    if kind == "cuda":
+        import torch
+
+        start_ev = torch.cuda.Event(enable_timing=True)
+        start_ev.record()
+        work = call()
+        if work is not None and async_op:
+
+            def done(fut: Any) -> Any:
+                end_ev = torch.cuda.Event(enable_timing=True)
+                end_ev.record()
+                timer.record_cuda(start_ev, end_ev)
+                return fut.value()
+
+            work.get_future().then(done)
+        else:
+            end_ev = torch.cuda.Event(enable_timing=True)
+            end_ev.record()
+            timer.record_cuda(start_ev, end_ev)
+        return work
+    start = time.perf_counter()
+    work = call()
+    if work is not None and async_op and hasattr(work, "get_future"):
+        work.get_future().then(lambda fut: timer.record(start, time.perf_counter()))
+    else:
+        timer.record(start, time.perf_counter())
+    return work
 
 
 class Backend(ABC):
@@ -209,6 +261,9 @@ class Backend(ABC):
     #: The backend's engine runs the forward in ``--precision`` and scales fp16 losses itself:
     #: jdist adds no autocast and no GradScaler (it tells the engine with :meth:`set_precision`).
     owns_precision: bool = False
+    #: Variables of the ranks' torchrun environment (:mod:`jdist.rank.torchrun`) this backend sets
+    #: otherwise; None: not set.
+    worker_env: dict[str, str | None] = {}
     #: Set by :meth:`setup`.
     ctx: RankContext | None = None
 
@@ -297,10 +352,10 @@ class Backend(ABC):
         assert self.ctx is not None
         return torch.amp.GradScaler(self.ctx.device.type)
 
-    def local_state_bytes(self, models: Sequence[Any], optimizers: Sequence[Any]) -> int:
+    def local_state_bytes(self, models: Sequence[Any], optimizers: Sequence[Any]) -> StateBytes:
         """Bytes this rank holds of ``models``' parameters and gradients and ``optimizers``' state
-        (the ``state_bytes`` metric): :meth:`tensor_bytes` of each tensor, counted once. Runs on
-        the training thread, at most once a second."""
+        (the memory breakdown: ``param_bytes``, ``grad_bytes``, ``optim_bytes``): :meth:`tensor_bytes`
+        of each tensor, counted once. Runs on the training thread, at most once a second."""
         return count_state_bytes(models, optimizers, self.tensor_bytes)
 
     def tensor_bytes(self, tensor: Any) -> int:

@@ -15,13 +15,12 @@ Example (on a rank, inside ``%%distributed --backend fsdp``):
 
 from __future__ import annotations
 
-import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .torch_group import TorchBackend
-from .base import CommTimer
+from .base import CommTimer, timed_call
 
 #: The file with jdist's part of a sharded checkpoint (step, RNG states, scheduler...).
 META_FILE = "jdist.pt"
@@ -239,38 +238,6 @@ def _dtype(value: Any) -> Any:
         raise ValueError(f"Unknown dtype {value!r}; use 'bf16', 'fp16' or 'fp32' (or a torch.dtype).") from None
 
 
-def _timed(timer: CommTimer | None, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
-    if timer is None:
-        return call()
-    if kind == "cuda":
-        import torch
-
-        start_ev = torch.cuda.Event(enable_timing=True)
-        start_ev.record()
-        work = call()
-        if work is not None and async_op:
-
-            def done(fut: Any) -> Any:
-                end_ev = torch.cuda.Event(enable_timing=True)
-                end_ev.record()
-                timer.record_cuda(start_ev, end_ev)
-                return fut.value()
-
-            work.get_future().then(done)
-        else:
-            end_ev = torch.cuda.Event(enable_timing=True)
-            end_ev.record()
-            timer.record_cuda(start_ev, end_ev)
-        return work
-    start = time.perf_counter()
-    work = call()
-    if work is not None and async_op:
-        work.get_future().then(lambda fut: timer.record(start, time.perf_counter()))
-    else:
-        timer.record(start, time.perf_counter())
-    return work
-
-
 _COMM_CLASSES: tuple[type, type] | None = None
 
 
@@ -288,7 +255,7 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
             call = super().__call__
-            return _timed(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, async_op), async_op)
+            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, async_op), async_op)
 
     class TimedReduceScatter(DefaultReduceScatter):
         def __init__(self, timer: CommTimer | None, kind: str) -> None:
@@ -296,7 +263,7 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
             call = super().__call__
-            return _timed(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, op, async_op), async_op)
+            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, op, async_op), async_op)
 
     _COMM_CLASSES = (TimedAllGather, TimedReduceScatter)
     return _COMM_CLASSES
