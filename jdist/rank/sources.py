@@ -224,10 +224,7 @@ class ModelState:
         if now >= self.due:  # count now; the next count is due max_age_s later
             self.value, self.due = state_bytes(s), now + self.max_age_s
         v = self.value
-        rec["state_bytes"] = v.total if v is not None else None
-        rec["param_bytes"] = v.params if v is not None else None
-        rec["grad_bytes"] = v.grads if v is not None else None
-        rec["optim_bytes"] = v.optimizer if v is not None else None
+        rec.update(zip(self.names, (v.total, *v) if v is not None else (None,) * len(self.names)))
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
         pass  # set in the record by at_log

@@ -76,15 +76,21 @@ def scaler(s: RankSession) -> Any:
     return s.train.scaler
 
 
+def map_tensors(obj: Any, fn: Any) -> Any:
+    """``fn`` applied to every tensor in ``obj`` (tensors, lists, tuples, named tuples, dicts)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        converted = [map_tensors(o, fn) for o in obj]
+        return type(obj)(*converted) if hasattr(obj, "_fields") else type(obj)(converted)
+    if isinstance(obj, dict):
+        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
+    return obj
+
+
 def to_fp32(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
-    if isinstance(out, (list, tuple)):
-        converted = [to_fp32(o) for o in out]
-        return type(out)(*converted) if hasattr(out, "_fields") else type(out)(converted)
-    if isinstance(out, dict):
-        return type(out)((k, to_fp32(v)) for k, v in out.items())
-    return out
+    """bf16/fp16 tensors in a model's output as fp32 (what autocast users expect back)."""
+    return map_tensors(out, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
 
 
 def _wrap_forward(model: Any, s: RankSession) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import logging
 import os
@@ -75,7 +76,7 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_config(zero: int, offload: str, grad_accum: int, precision: str, micro_batch: int = 1,
-              user: dict[str, Any] | None = None) -> dict[str, Any]:
+                 user: dict[str, Any] | None = None) -> dict[str, Any]:
     """The DeepSpeed config jdist builds for one engine, with ``user`` merged over it.
 
     >>> c = build_config(3, "all", 4, "bf16")
@@ -156,8 +157,8 @@ class DeepSpeedBackend(TorchBackend):
             zero = int(ctx.options.get("zero", 2))
             if not optimizers and zero < 3:
                 zero = 0  # ZeRO-1/2 shard optimizer state and gradients: without an optimizer, nothing to shard
-            config = build_config(zero, ctx.options.get("offload", "none") if optimizers or zero == 3 else "none",
-                               p.grad_accum, self.precision, micro_batch or 1, user)
+            offload = ctx.options.get("offload", "none") if optimizers or zero == 3 else "none"
+            config = build_config(zero, offload, p.grad_accum, self.precision, micro_batch or 1, user)
             with _silenced():
                 engine, *_ = deepspeed.initialize(model=model.to(ctx.device),
                                                   optimizer=optimizers[0] if optimizers else None,
@@ -174,7 +175,12 @@ class DeepSpeedBackend(TorchBackend):
         dtype = _low_precision(engine)
         if dtype is None:
             return None
-        return _cast(args, dtype), _cast(kwargs, dtype)
+        from ..training import map_tensors
+
+        def cast(t: Any) -> Any:
+            return t.to(dtype) if t.is_floating_point() else t
+
+        return map_tensors(args, cast), map_tensors(kwargs, cast)
 
     def end_engines(self, keep: Sequence[Any] = ()) -> None:
         """End the engines of earlier ``jdist.prepare`` calls (but ``keep``), with one line on rank 0."""
@@ -265,14 +271,12 @@ class DeepSpeedBackend(TorchBackend):
     def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
         """DeepSpeed's checkpoint (every rank writes its shards) with jdist's ``meta`` as client state."""
         engine = _engine_of(model)
-        meta = {**meta, "zero": engine.zero_optimization_stage(), "has_optimizer": optimizer is not None}
+        meta = {**meta, "has_optimizer": optimizer is not None}
         with _silenced():
             engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"jdist": meta},
                                    exclude_frozen_parameters=False)
 
     def load_state(self, path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
-        import torch
-
         engine = _engine_of(model)
         ctx = self.require_ctx()
         saved = self._saved_world_size(path)
@@ -283,9 +287,10 @@ class DeepSpeedBackend(TorchBackend):
         with _silenced():
             loaded, client = engine.load_checkpoint(str(path), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer is not None,
                                                     load_lr_scheduler_states=False)
-        if loaded is None:
-            raise ValueError(f"{path} holds no DeepSpeed checkpoint that this engine can load.")
-        meta = (client or {}).get("jdist") or torch.load(Path(path) / CHECKPOINT_TAG / "jdist.pt", weights_only=False)
+        meta = (client or {}).get("jdist")
+        if loaded is None or meta is None:
+            raise ValueError(f"{path} holds no DeepSpeed checkpoint of jdist's that this engine can load; save it "
+                             "with jdist.save_checkpoint under --backend deepspeed.")
         if optimizer is not None and not meta.get("has_optimizer", True):
             raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
         return meta
@@ -371,10 +376,8 @@ class EngineOptimizer:
 
     @classmethod
     def of(cls, engine: Any) -> Any:
-        import torch
-
-        klass = type("EngineOptimizer", (cls, torch.optim.Optimizer), {})
-        return klass(engine)
+        """The view of ``engine``'s optimizer, a ``torch.optim.Optimizer`` (torch is imported on use)."""
+        return _optimizer_class()(engine)
 
     @property
     def inner(self) -> Any:
@@ -470,8 +473,17 @@ def _timed(call: Callable[..., Any], timer: CommTimer, device_kind: str) -> Call
     return timed
 
 
+@functools.cache
+def _optimizer_class() -> type:
+    import torch
+
+    return type("EngineOptimizer", (EngineOptimizer, torch.optim.Optimizer), {})
+
+
 def _is_engine(model: Any) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine" or any(c.__name__ == "DeepSpeedEngine" for c in type(model).__mro__)
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    return isinstance(model, DeepSpeedEngine)
 
 
 def _engine_of(model: Any) -> Any:
@@ -482,27 +494,10 @@ def _engine_of(model: Any) -> Any:
 
 
 def _low_precision(engine: Any) -> Any:
-    if engine.bfloat16_enabled():
-        import torch
-
-        return torch.bfloat16
-    if engine.fp16_enabled():
-        import torch
-
-        return torch.float16
-    return None
-
-
-def _cast(obj: Any, dtype: Any) -> Any:
+    """The dtype of a bf16/fp16 engine's parameters, None for fp32."""
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _cast(v, dtype) for k, v in obj.items()}
-    return obj
+    return torch.bfloat16 if engine.bfloat16_enabled() else torch.float16 if engine.fp16_enabled() else None
 
 
 def _outputs_to_fp32(engine: Any, args: Any, output: Any) -> Any:
@@ -514,13 +509,13 @@ def _outputs_to_fp32(engine: Any, args: Any, output: Any) -> Any:
 
 
 def _zero_gradients(zero: Any) -> list[Any]:
-    """The gradient partitions a ZeRO optimizer holds (stage 2/3), flattened into tensors."""
+    """The gradient partitions a ZeRO optimizer holds (stage 2/3: ``averaged_gradients``, by group)."""
+    held = getattr(zero, "averaged_gradients", None)
+    if not isinstance(held, dict):
+        return []
     out: list[Any] = []
-    for name in ("averaged_gradients",):
-        held = getattr(zero, name, None)
-        if isinstance(held, dict):
-            for v in held.values():
-                out.extend(v if isinstance(v, (list, tuple)) else [v])
+    for v in held.values():
+        out.extend(v if isinstance(v, (list, tuple)) else [v])
     return [t for t in out if t is not None]
 
 
