@@ -61,7 +61,7 @@ labextension: venv
 bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_dashboard.py
-	$(BIN)/python benchmarks/bench_backends.py
+	$(BIN)/python benchmarks/bench_backends.py --repeats 4
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 
 lab: venv

@@ -456,6 +456,11 @@ class OptionTable:
             if owner is not None and owner.check is not None:
                 owner.check(config)
 
+    def _selected_owns(self, config: ClusterConfig, name: str) -> bool:
+        """Whether option ``name`` belongs to the launcher or backend ``config`` selects (or to no plugin)."""
+        owners = [o for o in self.owned.get(name, []) if o.kind in ("launcher", "backend")]
+        return not owners or any(getattr(config, o.kind) == o.name for o in owners)
+
     def _check_owned(self, config: ClusterConfig, name: str) -> None:
         opt = self.by_name.get(name)
         if opt is None:
@@ -488,8 +493,10 @@ class OptionTable:
             config = self.config(given)
             self.check(config)
             return Plan("start", config)
-        if restart:  # options not given are kept
+        if restart:  # options not given are kept, except those of a launcher or backend no longer selected
             config = running.replace(**given)
+            config = config.replace(**{name: None for name in config.plugin
+                                       if name not in given and not self._selected_owns(config, name)})
             self.check(config)
             return Plan("restart", config)
         conflicts, live = [], {}

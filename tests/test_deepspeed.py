@@ -1,5 +1,6 @@
 """``--backend deepspeed`` on a real 2-rank MPI cluster with real DeepSpeed (ZeRO 1/2/3, offload, bf16,
-engines re-made, a user's own ``deepspeed.initialize``, a HF model built sharded, faults).
+engines re-made, a user's own ``deepspeed.initialize``, a HF model built sharded, the HF ``Trainer``
+with a DeepSpeed config, faults, interrupt, ``--auto-restart`` from a ZeRO-3 checkpoint).
 The shared training features (accumulation, LR rules, checkpoints across a restart, the memory
 breakdown) run under this backend in tests/test_training.py with the other backends' cell code.
 GPU-only parts (NCCL, fp16 loss scaling) are in tests/test_gpu.py.
@@ -114,6 +115,23 @@ shard = (first.ds_tensor.numel(), first.ds_numel, first.numel()) if hasattr(firs
             assert pulled(ds, "shard") == [(512, 1024, 0), (512, 1024, 0)]
     comm = ds.value("[r['comm_time_s'] for r in __import__('jdist').last_run().records]")
     assert len(comm) == 10 and all(c > 0 for c in comm), comm  # DeepSpeed's collectives, timed
+
+
+def test_between_micro_steps_zero_1_holds_every_gradient_and_zero_2_its_partition(ds):
+    held = []
+    for zero in (1, 2):
+        ds.run(f"%%distributed --zero {zero}\n" + r'''
+big = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))
+n = sum(p.numel() for p in big.parameters())
+big, bopt = jdist.prepare(big, torch.optim.AdamW(big.parameters(), lr=1e-3), grad_accum=4)
+jdist.backward(big(torch.randn(4, 512)).pow(2).mean()); bopt.step()    # micro-step 1 of 4
+grads = jdist.rank.sources.state_bytes(jdist.rank.session()).grads / (4 * n)
+del big, bopt
+''')
+        held.append(pulled(ds, "grads"))
+    assert held[0] == [1.0, 1.0], held
+    assert held[1] == [pytest.approx(0.5, abs=0.01)] * 2, held
+    ds.run("%%distributed --zero 2\njdist.prepare(make_model(), grad_accum=1)")  # grad_accum holds until changed
 
 
 def test_offload_of_optimizer_and_parameters_trains_as_without(ds):
@@ -238,6 +256,37 @@ jdist.backward(lm(input_ids=ids, labels=ids).loss); lopt.step()
     ds.run("%%distributed --zero 2\ndel keep, lm, lopt")
 
 
+def test_hf_trainer_with_a_deepspeed_config_trains_with_zero_on_both_ranks(ds, tmp_path):
+    # CPU ranks have ACCELERATE_USE_CPU=true (so Accelerate uses them), which Accelerate alone reads as
+    # "no DeepSpeed": without jdist's adjustment this Trainer would train with DDP, silently.
+    ds.run(r'''%%distributed
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        ids = torch.randint(0, 100, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+          "gradient_clipping": "auto", "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
+args = TrainingArguments(output_dir=OUT, per_device_train_batch_size=4, max_steps=4, logging_steps=2,
+                         learning_rate=1e-3, report_to=[], save_strategy="no", disable_tqdm=True, deepspeed=config)
+torch.manual_seed(0)
+lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32))
+trainer = Trainer(model=lm, args=args, train_dataset=Tokens(), callbacks=[jdist.HFCallback()])
+trainer.train()
+engine = trainer.model_wrapped
+wte = engine.module.transformer.wte.weight
+seen = dict(world=args.world_size, engine=type(engine).__name__, stage=engine.zero_optimization_stage(),
+            shard=(wte.ds_tensor.numel(), wte.ds_numel), group=engine.dp_world_size)
+del trainer, engine, wte, lm
+'''.replace("OUT", repr(str(tmp_path))))
+    assert pulled(ds, "seen") == [dict(world=2, engine="DeepSpeedEngine", stage=3, shard=(1600, 3200), group=2)] * 2
+    run = ds.value("[(r['rank'], r['step'], r.get('loss')) for r in jdist.last_run().records]")
+    for rank in (0, 1):
+        assert [s for r, s, loss in run if r == rank and loss is not None] == [2, 4]
+    assert ds.value("jdist.last_run().summary()").count("epoch: 0.5") == 1  # 4 steps x 4 x 2 ranks of 64 samples
+
+
 def test_a_failing_rank_releases_the_other_from_a_zero_3_gather(ds):
     ds.run("%%distributed --zero 3\nmodel, opt = train(1)")
     out = ds.run("%%distributed\nif rank == 1:\n    raise ValueError('bad batch')\nloss = model(X[:8]).sum()",
@@ -251,6 +300,21 @@ def test_a_failing_rank_releases_the_other_from_a_zero_3_gather(ds):
     assert pulled(ds, "ok") == [6, 6]
 
 
+def test_interrupt_stops_zero_3_training_and_a_new_engine_trains(ds):
+    ds.run("%%distributed --zero 3\nmodel, opt = train(1)")
+    msg_id = ds.start("%%distributed\nfor s in range(10**9):\n"
+                      "    jdist.backward(nn.functional.mse_loss(model(X[:8]), Y[:8])); opt.step()\n"
+                      "    if s == 20: print('training', flush=True)")
+    ds.wait_for_stdout(msg_id, "training", timeout=120)
+    ds.km.interrupt_kernel()
+    out = ds.collect(msg_id, timeout=120)
+    assert out.error["ename"] == "KeyboardInterrupt", out.shown
+    assert "variables on the ranks are kept" in out.stderr, out.stderr
+    ds.run("%%distributed\nmodel, opt = train(3)\nok = len(full_params(model))")
+    assert pulled(ds, "ok") == [6, 6]
+    ds.run("%%distributed --zero 2\npass")
+
+
 def test_a_targets_cell_under_zero_3_is_a_hang_that_names_the_gather(ds):
     ds.run("%%distributed --zero 3\nmodel, opt = train(1)")
     out = ds.run("%%distributed --targets 0 --watchdog 3\nmodel(X[:8])", allow_error=True, timeout=150)
@@ -258,3 +322,37 @@ def test_a_targets_cell_under_zero_3_is_a_hang_that_names_the_gather(ds):
     assert out.error["ename"] == "HangError", out.shown
     # ZeRO-3's forward first fetches the parameters it does not hold, from rank 1
     assert re.search(r"rank 0: waiting in (broadcast|all_gather\w*) \(cell line 1\)", out.traceback), out.traceback
+
+
+def test_auto_restart_recreates_the_zero_3_engine_and_restores_its_checkpoint(ds, tmp_path):
+    """Last in this module: a cluster of its own, whose set-up cell builds the engine that the
+    restart rebuilds (the module's other cells are not replayed)."""
+    ckpt, ref = str(tmp_path / "ckpt"), str(tmp_path / "at-10.pt")
+    ds.run("%%distributed -n 2 --backend deepspeed --zero 3 --timeout 60 --auto-restart --restart\n"
+           + SETUP.split("\n", 1)[1] + f"CKPT, REF = {ckpt!r}, {ref!r}\n" + r'''
+model = make_model()
+model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+jdist.checkpoint_every(5, CKPT, keep=2, model=model, optimizer=opt)
+''', timeout=240)
+    out = ds.run(r'''%%distributed
+for step in range(jdist.restored_step() + 1, 16):
+    i = (step % 10) * 16 + rank * 8
+    loss = nn.functional.mse_loss(model(X[i:i + 8]), Y[i:i + 8])
+    jdist.backward(loss); opt.step(); opt.zero_grad()
+    jdist.log(step=step, loss=loss)
+    if step == 10:
+        at_10 = full_params(model)
+        if rank == 0:
+            torch.save(at_10, REF)
+    if step == 12 and rank == 0:
+        os._exit(3)
+''', allow_error=True, timeout=240)
+    tb = out.traceback
+    assert "rank 0 died: the process exited with code 3" in tb, out.shown
+    assert "Restarted 2 rank(s)" in tb and "(step 10)" in tb, tb
+    ds.run(r'''%%distributed
+restored = (jdist.restored_step(), type(model).__name__, model.zero_optimization_stage(),
+            max_diff(full_params(model), torch.load(REF)))
+jdist.backward(nn.functional.mse_loss(model(X[:8]), Y[:8])); opt.step()   # the new engine trains
+''')
+    assert pulled(ds, "restored") == [(10, "DeepSpeedEngine", 3, 0.0)] * 2

@@ -40,9 +40,14 @@ def test_gpu_ddp_training_with_cuda_metrics(kernel):
     kernel.run("%dist stop")
 
 
-@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_gpu_backends_train_in_mixed_precision(kernel, backend, precision):
+    if backend == "deepspeed":
+        from jdist.plugins import DEEPSPEED
+
+        if DEEPSPEED.unavailable():
+            pytest.skip(DEEPSPEED.unavailable())
     n = min(visible_gpus(), 2)
     kernel.run(f"%%distributed --gpus {n} --backend {backend} --precision {precision} --restart\n"
                "import torch, torch.nn as nn")
@@ -100,6 +105,59 @@ def test_cpu_fsdp_ranks_on_a_gpu_machine(kernel):
         "    jdist.backward(model(torch.randn(16, 64)).square().mean()); opt.step(); opt.zero_grad()\n"
         "w = next(model.parameters())\n"
         "print(torch.cuda.is_available(), w.device_mesh.device_type, w.device)\n"
+    )
+    assert out.stdout.strip() == "True cpu cpu"
+    kernel.run("%dist stop")
+
+
+def _deepspeed_or_skip() -> None:
+    from jdist.plugins import DEEPSPEED
+
+    if DEEPSPEED.unavailable():
+        pytest.skip(DEEPSPEED.unavailable())
+
+
+def test_gpu_deepspeed_zero_3_fp16_scales_the_loss_and_offload_leaves_gpu_memory(kernel):
+    _deepspeed_or_skip()
+    n = min(visible_gpus(), 2)
+    kernel.run(f"%%distributed --gpus {n} --backend deepspeed --zero 3 --precision fp16 --restart\n"
+               "import os, torch, torch.nn as nn, deepspeed")
+    code = (
+        "%%distributed\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024))\n"
+        "model, opt = jdist.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))\n"
+        "for step in range(10):\n"
+        "    x = torch.randn(64, 1024, device=device)\n"
+        "    loss = nn.functional.mse_loss(model(x), x); jdist.backward(loss); opt.step()\n"
+        "torch.cuda.synchronize()\n"
+        "seen = (os.environ['DS_ACCELERATOR'], deepspeed.comm.get_backend() if hasattr(deepspeed.comm, 'get_backend') "
+        "else None, model.zero_optimization_stage(), float(model.optimizer.loss_scale), loss.dtype == torch.float32,"
+        " torch.cuda.memory_allocated())\n"
+    )
+    kernel.run(code)
+    kernel.run("%dist pull seen")
+    plain = kernel.value("seen")
+    for accel, _, stage, scale, fp32_loss, _ in plain:
+        assert (accel, stage, fp32_loss) == ("cuda", 3, True) and scale > 1  # dynamic loss scaling
+    kernel.run("%%distributed --offload all\npass")
+    kernel.run(code)
+    kernel.run("%dist pull seen")
+    for before, after in zip(plain, kernel.value("seen")):
+        assert after[-1] < before[-1], (before, after)  # parameters and optimizer state left the GPU
+    kernel.run("%dist stop")
+
+
+def test_cpu_deepspeed_ranks_on_a_gpu_machine(kernel):
+    _deepspeed_or_skip()
+    kernel.run("%%distributed -n 2 --backend deepspeed --restart\nimport os, torch, torch.nn as nn")
+    out = kernel.run(
+        "%%distributed\n"
+        "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))\n"
+        "model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+        "for step in range(5):\n"
+        "    jdist.backward(model(torch.randn(16, 64)).square().mean()); opt.step()\n"
+        "print(torch.cuda.is_available(), os.environ['DS_ACCELERATOR'], next(model.parameters()).device)\n"
     )
     assert out.stdout.strip() == "True cpu cpu"
     kernel.run("%dist stop")

@@ -100,6 +100,17 @@ def test_restart_keeps_every_option_it_is_not_given():
     assert plan(requested("--gpus 4"), running, restart=True).config.gpus is True
 
 
+def test_restart_on_another_backend_or_launcher_drops_the_options_of_the_old_one():
+    running = ClusterConfig(n=2, backend="deepspeed", launcher="ssh", plugin={"zero": 3, "offload": "all",
+                                                                              "hosts": "a:1,b:1"})
+    p = plan(requested("--backend ddp"), running, restart=True)
+    assert (p.config.backend, p.config.plugin) == ("ddp", {"hosts": "a:1,b:1"})  # the launcher's stay
+    p = plan(requested("--launcher local-mpi --offload optimizer"), running, restart=True)
+    assert (p.config.launcher, p.config.plugin) == ("local-mpi", {"zero": 3, "offload": "optimizer"})
+    with pytest.raises(ValueError, match="--zero is an option of --backend deepspeed, not of --backend ddp"):
+        plan(requested("--backend ddp --zero 1"), running, restart=True)  # given: still refused
+
+
 def test_start_needs_a_rank_count_and_checks_values():
     with pytest.raises(ValueError, match=r"No cluster is running: start one with %%distributed -n 2"):
         plan({}, None, restart=False)

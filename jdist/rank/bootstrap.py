@@ -198,7 +198,7 @@ def start_session(world: World, device: Any, master_addr: str, spec: Any, guard:
     s = RankSession(ctx=ctx, backend=backend, spec=spec,
                     channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
     backend.setup(ctx, s.timer)
-    torchrun.install(ctx, config.get("cluster_id") or "jdist", backend.worker_env)
+    torchrun.install(ctx, config.get("cluster_id") or "jdist")
     previous = activate(s)
     if previous is not None:
         previous.stop_publisher()

@@ -29,7 +29,7 @@ import inspect
 import os
 import socket
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .backends.base import RankContext
 
@@ -49,12 +49,10 @@ def torchrun_environment(*, rank: int, world_size: int, local_rank: int, local_w
     return {key: str(value) for key, value in values.items()}
 
 
-def install(ctx: RankContext, run_id: str, overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
+def install(ctx: RankContext, run_id: str) -> dict[str, str]:
     """Set the torchrun environment of this rank and route user calls of
     ``init_process_group``/``destroy_process_group`` through jdist (collective over MPI:
-    every rank calls it during set-up). ``overrides``: the backend's
-    (:attr:`Backend.worker_env <jdist.rank.backends.Backend.worker_env>`; None: not set).
-    Returns the variables set."""
+    every rank calls it during set-up). Returns the variables set."""
     hosts = ctx.comm.allgather(ctx.hostname)
     order = list(dict.fromkeys(hosts))  # hosts in order of their first rank
     port = ctx.port or ctx.comm.bcast(_free_port(ctx.master_addr) if ctx.rank == 0 else None, root=0)
@@ -66,15 +64,9 @@ def install(ctx: RankContext, run_id: str, overrides: Mapping[str, str | None] |
     env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(torch.get_num_threads())
     if ctx.device_kind == "cpu":  # what `accelerate launch --cpu` sets: Accelerate and the HF Trainer use CPU ranks
         env["ACCELERATE_USE_CPU"] = os.environ.get("ACCELERATE_USE_CPU") or "true"
-    for name, value in (overrides or {}).items():
-        if value is None:
-            env.pop(name, None)
-            os.environ.pop(name, None)
-        else:
-            env[name] = value
     os.environ.update(env)
     _patch()
-    _not_interactive()
+    _after_imports()
     return env
 
 
@@ -82,25 +74,56 @@ def install(ctx: RankContext, run_id: str, overrides: Mapping[str, str | None] |
 _INTERACTIVE_FLAGS = ("lightning.fabric.utilities.imports", "lightning_fabric.utilities.imports")
 
 
-def _not_interactive() -> None:
-    """Lightning refuses ``strategy="ddp"`` when ``sys.ps1`` exists (it would spawn copies of a
-    script), and every IPython kernel sets ``sys.ps1``. A rank is a worker that torchelastic
-    started: it spawns nothing (Lightning's ``TorchElasticEnvironment`` says processes are
-    created externally). So Lightning's ``_IS_INTERACTIVE`` is False here, set right after the
-    module that computes it is imported; ``sys.ps1`` itself stays."""
-    for name in _INTERACTIVE_FLAGS:
+def _after_imports() -> None:
+    """Adjust frameworks that decide at import what a rank is (now if imported, else right after)."""
+    hooks: dict[str, Callable[[Any], None]] = {name: _worker_flags for name in _INTERACTIVE_FLAGS}
+    hooks["accelerate.state"] = _deepspeed_on_cpu_ranks
+    for name, hook in hooks.items():
         if name in sys.modules:
-            _worker_flags(sys.modules[name])
+            hook(sys.modules[name])
     if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport({name: _worker_flags for name in _INTERACTIVE_FLAGS}))
+        sys.meta_path.insert(0, _AfterImport(hooks))
 
 
 def _worker_flags(module: Any) -> None:
+    """Lightning refuses ``strategy="ddp"`` when ``sys.ps1`` exists (it would spawn copies of a
+    script), and every IPython kernel sets ``sys.ps1``. A rank is a worker that torchelastic
+    started: it spawns nothing (Lightning's ``TorchElasticEnvironment`` says processes are
+    created externally). So Lightning's ``_IS_INTERACTIVE`` is False here; ``sys.ps1`` itself stays."""
     module._IS_INTERACTIVE = False
     prefix = module.__name__.split(".")[0] + "."
     for other in list(sys.modules.values()):  # modules that already copied the flag
         if getattr(other, "__name__", "").startswith(prefix) and getattr(other, "_IS_INTERACTIVE", None) is True:
             other._IS_INTERACTIVE = False
+
+
+def _deepspeed_on_cpu_ranks(state: Any) -> None:
+    """Accelerate reads ``ACCELERATE_USE_CPU`` (set on CPU ranks, so that it uses them) as "not
+    DeepSpeed": its ``AcceleratorState`` turns to DeepSpeed only when not on CPU, and the HF
+    ``Trainer(args=TrainingArguments(deepspeed=...))`` then trains with DDP, silently. When a DeepSpeed
+    plugin is given on a CPU rank, the process state is made for CPU ranks (as ``use_cpu=True``
+    makes it) and the accelerator state without the flag, so DeepSpeed runs on jdist's group."""
+    cls = state.AcceleratorState
+    real = cls.__init__
+    if getattr(real, "jdist_wrapped", False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(real).bind(self, *args, **kwargs)
+        flag = os.environ.get("ACCELERATE_USE_CPU")
+        if bound.arguments.get("deepspeed_plugin") is None or not flag:
+            return real(self, *args, **kwargs)
+        if not state.PartialState._shared_state:
+            state.PartialState(cpu=True)  # what TrainingArguments(use_cpu=True) makes first
+        bound.arguments["cpu"] = False
+        del os.environ["ACCELERATE_USE_CPU"]
+        try:
+            return real(*bound.args, **bound.kwargs)
+        finally:
+            os.environ["ACCELERATE_USE_CPU"] = flag
+
+    init.jdist_wrapped = True  # type: ignore[attr-defined]
+    cls.__init__ = init
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -261,9 +261,6 @@ class Backend(ABC):
     #: The backend's engine runs the forward in ``--precision`` and scales fp16 losses itself:
     #: jdist adds no autocast and no GradScaler (it tells the engine with :meth:`set_precision`).
     owns_precision: bool = False
-    #: Variables of the ranks' torchrun environment (:mod:`jdist.rank.torchrun`) this backend sets
-    #: otherwise; None: not set.
-    worker_env: dict[str, str | None] = {}
     #: Set by :meth:`setup`.
     ctx: RankContext | None = None
 

@@ -42,7 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .base import CommTimer, Preparation, RankContext, StateBytes, plain_bytes, timed_call
+from .base import CommTimer, Preparation, RankContext, StateBytes, timed_call
 from .torch_group import TorchBackend
 
 #: What DeepSpeed's engine would do differently from the same cell under DDP, and jdist's choice.
@@ -102,8 +102,6 @@ class DeepSpeedBackend(TorchBackend):
     checkpoint_layout = "dir"
     owns_accumulation = True
     owns_precision = True
-    #: Accelerate and the HF Trainer use DeepSpeed (on its accelerator) when asked, not plain CPU ranks
-    worker_env = {"ACCELERATE_USE_CPU": None}
 
     def __init__(self) -> None:
         super().__init__()
@@ -242,13 +240,7 @@ class DeepSpeedBackend(TorchBackend):
         partition this rank reduces) and optimizer state (fp32 master partitions and the torch
         optimizer's state over them), wherever they live (offload: host memory)."""
         params = grads = optim = 0
-        seen: set[int] = set()
-
-        def count(t: Any) -> int:
-            if t is None or not hasattr(t, "numel") or id(t) in seen:
-                return 0
-            seen.add(id(t))
-            return plain_bytes(t)
+        count = _Held().new_bytes
 
         for model in models:
             for p in self.unwrap(model).parameters():
@@ -262,6 +254,7 @@ class DeepSpeedBackend(TorchBackend):
                 grads += count(t)
             for t in _zero_master(zero):
                 optim += count(t)
+                grads += count(t.grad)  # offload: gradients are gathered into the master partitions' .grad
             inner = getattr(zero, "optimizer", zero)
             for st in getattr(inner, "state", {}).values():
                 for v in st.values():
@@ -508,15 +501,60 @@ def _outputs_to_fp32(engine: Any, args: Any, output: Any) -> Any:
     return to_fp32(output)
 
 
+#: Where a ZeRO optimizer keeps gradients besides ``param.grad``: the reduced partitions at a step
+#: (``averaged_gradients``), the partition accumulated between micro-steps (ZeRO-1/2:
+#: ``all_grad_tensors``, ``grads_in_partition``; ZeRO-3 offload: ``grad_partitions_flat_buffer``).
+GRADIENT_BUFFERS = ("averaged_gradients", "all_grad_tensors", "grads_in_partition", "grad_partitions_flat_buffer")
+
+
 def _zero_gradients(zero: Any) -> list[Any]:
-    """The gradient partitions a ZeRO optimizer holds (stage 2/3: ``averaged_gradients``, by group)."""
-    held = getattr(zero, "averaged_gradients", None)
-    if not isinstance(held, dict):
-        return []
+    """The gradient buffers a ZeRO optimizer holds now (views of one another are counted once by :class:`_Held`)."""
     out: list[Any] = []
-    for v in held.values():
-        out.extend(v if isinstance(v, (list, tuple)) else [v])
-    return [t for t in out if t is not None]
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item)
+        elif v is not None and hasattr(v, "numel"):
+            out.append(v)
+
+    for name in GRADIENT_BUFFERS:
+        walk(getattr(zero, name, None))
+    return out
+
+
+class _Held:
+    """Bytes of tensors by memory held: a tensor adds only the bytes of its storage that no tensor
+    counted before covers (DeepSpeed keeps flat buffers and views into them under several names).
+
+    >>> import torch
+    >>> flat = torch.zeros(10); held = _Held()
+    >>> held.new_bytes(flat[:6]), held.new_bytes(flat), held.new_bytes(flat[2:4]), held.new_bytes(torch.zeros(3))
+    (24, 16, 0, 12)
+    """
+
+    def __init__(self) -> None:
+        self.spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+    def new_bytes(self, t: Any) -> int:
+        if t is None or not hasattr(t, "untyped_storage"):
+            return 0
+        size = t.numel() * t.element_size()
+        if size == 0:
+            return 0
+        start = t.storage_offset() * t.element_size()
+        spans = self.spans.setdefault((str(t.device), t.untyped_storage().data_ptr()), [])
+        covered = sum(max(0, min(start + size, e) - max(start, b)) for b, e in spans)  # spans stay disjoint
+        lo, hi, apart = start, start + size, []
+        for b, e in spans:  # those the new range touches become one with it
+            if e < start or b > start + size:
+                apart.append((b, e))
+            else:
+                lo, hi = min(lo, b), max(hi, e)
+        spans[:] = [*apart, (lo, hi)]
+        return size - covered
 
 
 def _zero_master(zero: Any) -> list[Any]:
