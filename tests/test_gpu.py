@@ -44,10 +44,7 @@ def test_gpu_ddp_training_with_cuda_metrics(kernel):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_gpu_backends_train_in_mixed_precision(kernel, backend, precision):
     if backend == "deepspeed":
-        from jdist.plugins import DEEPSPEED
-
-        if DEEPSPEED.unavailable():
-            pytest.skip(DEEPSPEED.unavailable())
+        _deepspeed_or_skip()
     n = min(visible_gpus(), 2)
     kernel.run(f"%%distributed --gpus {n} --backend {backend} --precision {precision} --restart\n"
                "import torch, torch.nn as nn")
