@@ -105,7 +105,29 @@ class RankFailure:
 
     @property
     def summary(self) -> str:
+        if self.exit_code is not None:
+            return f"exited with code {self.exit_code}" + (
+                f" ({self.evalue})" if self.evalue and self.evalue != str(self.exit_code) else "")
         return f"{self.ename}: {self.evalue}"
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code of a ``SystemExit`` (``sys.exit``, ``exit()``, argparse), as Python's own
+        process would end with it: None/0 -> 0, an int -> it, a message -> 1; None for other errors.
+
+        >>> [RankFailure(0, "SystemExit", v).exit_code for v in ("", "None", "0", "3", "bad input")]
+        [0, 0, 0, 3, 1]
+        >>> RankFailure(1, "SystemExit", "bad input").summary
+        'exited with code 1 (bad input)'
+        """
+        if self.ename != "SystemExit":
+            return None
+        if self.evalue in ("", "None"):
+            return 0
+        try:
+            return int(self.evalue)
+        except ValueError:
+            return 1
 
 
 def first_failure(failures: dict[int, RankFailure]) -> int:
@@ -135,8 +157,9 @@ class RankError(JdistError):
 
     def _render_traceback_(self) -> list[str]:
         err = self.failed[self.first]
-        lines = [f"\x1b[0;31mRankError\x1b[0m: {self.headline}", "", f"Traceback from rank {self.first}:"]
-        lines += list(err.traceback) or [err.summary]
+        lines = [f"\x1b[0;31mRankError\x1b[0m: {self.headline}"]
+        if err.exit_code is None:  # an exit's headline says it all
+            lines += ["", f"Traceback from rank {self.first}:", *(list(err.traceback) or [err.summary])]
         others = {r: e for r, e in self.failed.items() if r != self.first}
         if others:
             lines.append("")

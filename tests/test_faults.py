@@ -139,6 +139,40 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(faults):
     _group_works(faults)
 
 
+EXIT_SCRIPT = """import argparse, sys, torch, torch.distributed as dist
+p = argparse.ArgumentParser(description="a torchrun-style script")
+p.add_argument("--code", type=int, default=0)
+p.add_argument("--fail", action="store_true")
+args = p.parse_args()
+if int(__import__("os").environ["RANK"]) == 1:
+    if args.fail:
+        raise ValueError("bad shard in a script")
+    exit(args.code)
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_scripts_and_cells_end_as_under_torchrun(faults, tmp_path):
+    """sys.exit/exit()/quit in cells and %run scripts: code 0 ends the cell there (the ranks and their
+    variables stay), another code is an error naming it; a script's error releases the others."""
+    for code in ("import sys; sys.exit(0)", "exit()", "quit", "raise SystemExit"):
+        out = faults.run(f"%%distributed\n{code}")
+        assert "ranks 0-1 exited with code 0" in out.stdout and "To exit" not in out.stderr, code
+    assert faults.run("%%distributed\nprint(kept)").stdout.split() == ["100"]  # same ranks, same variables
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT)
+    out = faults.run(f"%%distributed\n%run {script} --help")  # argparse prints its help and exits 0
+    assert "a torchrun-style script" in out.stdout and out.error is None
+    out = faults.run(f"%%distributed\n%run {script} --code 3", allow_error=True, timeout=100)
+    tb = out.traceback
+    assert "1 of 2 rank(s) failed (rank 1); first failure on rank 1: exited with code 3" in tb
+    assert "Traceback" not in tb and "rank 0: released because rank 1 failed" in tb
+    out = faults.run(f"%%distributed\n%run {script} --fail", allow_error=True, timeout=100)
+    assert "first failure on rank 1: ValueError: bad shard in a script" in out.traceback
+    assert "rank 0: released because rank 1 failed (it was waiting in all_reduce" in out.traceback
+    _group_works(faults)
+
+
 def test_dist_stacks_on_idle_ranks(faults):
     out = faults.run("%dist stacks")
     assert out.stdout.count("idle (no cell running)") == 2

@@ -89,3 +89,12 @@ def test_a_death_outranks_the_failures_it_causes():
 @pytest.mark.parametrize("status,run_status", [(s, s.run_status) for s in CellStatus])
 def test_run_statuses_are_the_three_the_run_log_knows(status, run_status):
     assert run_status in ("finished", "failed", "interrupted")
+
+
+def test_an_exit_with_code_0_is_a_finish_and_another_code_a_failure():
+    clean = classify(Observations(ranks=[0, 1], failures={1: fail(1, "SystemExit", "None")}))
+    assert clean.status is CellStatus.FINISHED and clean.exited == {1: 0} and not clean.failed
+    out = classify(Observations(ranks=[0, 1], failures={1: fail(1, "SystemExit", "3", at=1.0),
+                                                          0: interrupted(0)}, released=[0]))
+    assert out.status is CellStatus.FAILED and list(out.failed) == [1] and out.exited == {1: 3}
+    assert out.error == "rank 1: exited with code 3"

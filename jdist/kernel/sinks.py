@@ -243,6 +243,12 @@ def default_sinks(run: Run, opts: CellOptions) -> list[RecordSink]:
     sinks: list[RecordSink] = [KernelRuns(), RunLogSink(opts.run_dir)]
     if not opts.no_dashboard:
         sinks.append(DashboardSink())
+    return sinks + plugin_sinks(run, opts)
+
+
+def plugin_sinks(run: Run, opts: CellOptions) -> list[RecordSink]:
+    """The sinks of installed sink plugins that the options turn on (``--tensorboard``, ``--mlflow``...)."""
+    sinks: list[RecordSink] = []
     for spec in sink_specs().values():
         if spec.wanted(opts):
             sink = spec.load()(run, opts)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from jdist.protocol import NetworkPlan, RankInfo, SetupConfig
 
 from . import process
+from .namespace import install_exit
 from .session import RankSession, activate, describe_rank
 
 
@@ -256,6 +257,7 @@ def open_namespace(s: RankSession) -> None:
     ctx = s.ctx
     shell.user_ns.update(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device,
                          jdist=jdist)
+    install_exit(shell)
     for event, fn in (("pre_run_cell", _pre_cell), ("post_run_cell", _post_cell)):
         if fn not in shell.events.callbacks[event]:
             shell.events.register(event, fn)

@@ -36,12 +36,13 @@ from jdist.waiting import poll_until
 
 @dataclass(frozen=True)
 class RankDeath:
-    """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), and what the
-    launcher printed (its last lines)."""
+    """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), what the
+    launcher printed (its last lines) and the process's exit status (128+N: signal N; None: unknown)."""
 
     rank: int | None
     cause: str
     detail: str = ""
+    exit_code: int | None = None
 
 
 class RankLauncher(ABC):

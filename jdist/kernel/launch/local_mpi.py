@@ -176,7 +176,7 @@ class LocalMPILauncher(RankLauncher):
             code = None
         oom_now = oom_kills()
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
-        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:])
+        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code)
 
     def _end_survivors(self) -> None:
         """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""

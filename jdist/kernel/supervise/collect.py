@@ -35,7 +35,8 @@ class RecordCollector:
         self.done: dict[int, int] = {}  # rank -> record count reported at cell end
         self.seqs: dict[int, set[int]] = {}
 
-    def _ensure_run(self) -> Run:
+    def ensure_run(self) -> Run:
+        """The cell's run, created (and its sinks started) on first use."""
         if self.run is None:
             cfg = self.cluster.config
             hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
@@ -54,10 +55,10 @@ class RecordCollector:
         if kind == "records":
             self._add(msg["records"])
         elif kind == "progress" and msg["total_steps"] is not None:
-            self._ensure_run().total_steps = msg["total_steps"]
+            self.ensure_run().total_steps = msg["total_steps"]
         elif kind == "cell_end":
             if msg["total_steps"] is not None:
-                self._ensure_run().total_steps = msg["total_steps"]
+                self.ensure_run().total_steps = msg["total_steps"]
             self._add(msg["records"])
             self.done[rank] = msg["count"]
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
@@ -66,7 +67,7 @@ class RecordCollector:
     def _add(self, records: list[Record]) -> None:
         if not records:
             return
-        run = self._ensure_run()
+        run = self.ensure_run()
         for rec in records:
             self.seqs.setdefault(rec["rank"], set()).add(rec["seq"])
         new = run.add(records)

@@ -11,7 +11,9 @@ live here:
   (KeyboardInterrupt); a real error that a rank raised before is still reported;
 * ranks that all raised KeyboardInterrupt on their own (no release) were interrupted;
 * a hang with no other failure is a hang (its released ranks are not failures);
-* a death (a rank process ended) outranks everything but a user's interrupt.
+* a death (a rank process ended) outranks everything but a user's interrupt;
+* a rank that raised ``SystemExit`` (``sys.exit``, ``exit()``, argparse) exited: with code 0 it
+  finished (the outcome lists it in ``exited``), with another code it failed with that code.
 
 Example:
     >>> from jdist.errors import RankFailure
@@ -64,6 +66,7 @@ class Outcome:
     failed: dict[int, RankFailure]  # the failures to report: the origin, without consequences
     first_failed: int | None  # the failure that completed first
     error: str | None  # one line for the run log and the dashboard
+    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code, for ranks that raised SystemExit
 
     @property
     def interrupted(self) -> bool:
@@ -75,11 +78,15 @@ def classify(obs: Observations) -> Outcome:
 
     >>> classify(Observations(ranks=[0, 1])).status
     <CellStatus.FINISHED: 'finished'>
+    >>> out = classify(Observations(ranks=[0, 1], failures={r: RankFailure(r, "SystemExit", "0") for r in (0, 1)}))
+    >>> out.status, out.exited
+    (<CellStatus.FINISHED: 'finished'>, {0: 0, 1: 0})
     >>> classify(Observations(ranks=[0, 1], interrupted=True, failures={
     ...     r: RankFailure(r, "KeyboardInterrupt", "") for r in (0, 1)})).status
     <CellStatus.INTERRUPTED: 'interrupted'>
     """
-    failed = obs.failures
+    exited = {r: code for r, e in obs.failures.items() if (code := e.exit_code) is not None}
+    failed = {r: e for r, e in obs.failures.items() if e.exit_code != 0}
     released = {r for r in obs.released if r in failed}
     origin = {r: e for r, e in failed.items() if r not in released}
     user_interrupt = obs.interrupted or (
@@ -112,4 +119,4 @@ def classify(obs: Observations) -> Outcome:
         error = f"rank {first}: {report[first].summary}"
     else:
         error = None
-    return Outcome(status, report, first, error)
+    return Outcome(status, report, first, error, exited)

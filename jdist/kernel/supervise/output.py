@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 class RankOutput:
     """``mode``: ``rank0`` (the lowest selected rank, live), ``all`` (every rank, line by line,
     labelled ``[rank r]``) or ``none``."""
 
-    def __init__(self, mode: str, ranks: Sequence[int]):
+    def __init__(self, mode: str, ranks: Sequence[int], show: Callable[[dict[str, Any]], None] | None = None):
         self.mode = mode
         self.first = min(ranks)
         self.partial: dict[tuple[int, str], str] = {}
+        self.show = show  # how a display is shown (default: IPython's, in the notebook)
 
     def stream(self, rank: int, name: str, text: str) -> None:
         out = sys.stderr if name == "stderr" else sys.stdout
@@ -38,7 +39,10 @@ class RankOutput:
 
         if self.mode == "all":
             sys.stdout.write(f"[rank {rank}] display:\n")
-        publish_display_data(content.get("data", {}), content.get("metadata", {}))
+        if self.show is not None:
+            self.show(content)
+        else:
+            publish_display_data(content.get("data", {}), content.get("metadata", {}))
 
     def close(self) -> None:
         for (rank, name), rest in sorted(self.partial.items()):

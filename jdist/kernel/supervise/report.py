@@ -83,11 +83,43 @@ def fault_notes(result: CellResult) -> list[str]:
     return lines
 
 
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; one rank: ``"rank 3"``.
+
+    >>> rank_ranges([0, 1, 2, 5]), rank_ranges([3])
+    ('ranks 0-2, 5', 'rank 3')
+    """
+    parts: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(parts)
+
+
+def exit_note(result: CellResult) -> str | None:
+    """The line for a cell whose code exited (``sys.exit(0)``, ``exit()``) on some ranks: the ranks stay."""
+    clean = [r for r, code in result.outcome.exited.items() if code == 0]
+    if not clean:
+        return None
+    return (f"jdist: {rank_ranges(clean)} exited with code 0 (sys.exit/exit()): the cell ended there; "
+            "the ranks and their variables stay (%dist stop ends them).")
+
+
 def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = ()) -> None:
-    """Raise one concise error for a failed, hung, dead or interrupted cell (nothing if it finished).
+    """Raise one concise error for a failed, hung, dead or interrupted cell (nothing if it finished;
+    a cell that exited with code 0 on some ranks prints one line saying so).
 
     ``notes``: extra lines (e.g. what an automatic restart did).
     """
+    if result.ok:
+        note = exit_note(result)
+        if note:
+            print(note, flush=True)
     extra = fault_notes(result) + list(notes)
     obs = result.obs
     if obs.death is not None:

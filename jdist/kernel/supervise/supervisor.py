@@ -59,13 +59,19 @@ class CellSupervisor:
 
     def __init__(self, cluster: ClusterSession, code: str, ranks: Sequence[int] | None, output: str,
                  sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
-                 poll_s: float = 0.05):
+                 poll_s: float = 0.05, *, run_code: str | None = None,
+                 show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True):
+        """``run_code``: the code the run shows (default ``code``; ``jdist run``: the script);
+        ``show``: how rank displays are shown (default: in the notebook); ``rebuild``: re-build a
+        process group that a release broke (``jdist run`` ends instead)."""
         self.cluster = cluster
         self.code = code
         targets = cluster.engine_ids(ranks)
         self.ranks = [cluster.rank_of_engine(e) for e in targets]
-        self.output = RankOutput(output, self.ranks)
-        self.records = RecordCollector(cluster, code, sinks, on_checkpoint=cluster.recovery.note_message)
+        self.output = RankOutput(output, self.ranks, show)
+        self.records = RecordCollector(cluster, code if run_code is None else run_code, sinks,
+                                       on_checkpoint=cluster.recovery.note_message)
+        self.rebuild = rebuild
         self.detectors = detectors if detectors is not None else default_detectors(cluster.config.watchdog)
         self.poll_s = poll_s
         self.obs = Observations(ranks=list(self.ranks))
@@ -174,7 +180,7 @@ class CellSupervisor:
                 print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
         self.output.close()
         rebuilt = None
-        if obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
+        if self.rebuild and obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
             rebuilt = rebuild_group(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)

@@ -97,9 +97,19 @@ class IppCellView:
         return [r for r, c in zip(self.ranks, self._children) if not c.done()]
 
     def failed_while_others_run(self) -> bool:
-        """Some ranks failed while others still run (they may wait for them in a collective)."""
-        failed = any(c.done() and md.get("status") == "error" for c, md in zip(self._children, self.ar.metadata))
-        return failed and not all(c.done() for c in self._children)
+        """Some ranks failed while others still run (they may wait for them in a collective).
+
+        A script run with ``%run`` that raised replies "ok" (IPython shows the error itself), so
+        the error message counts too; a clean exit (``sys.exit(0)``) is no failure: the others go on.
+        """
+        def failed(md: dict[str, Any]) -> bool:
+            err = md.get("error")
+            if err is not None:
+                return RankFailure(0, getattr(err, "ename", ""), getattr(err, "evalue", "")).exit_code != 0
+            return md.get("status") == "error"
+
+        done = [c.done() for c in self._children]
+        return not all(done) and any(d and failed(md) for d, md in zip(done, self.ar.metadata))
 
     def failures(self) -> dict[int, RankFailure]:
         """Per rank whose part failed (engine death included): what failed and when (call once ready)."""
@@ -119,11 +129,12 @@ class IppCellView:
             if err is None:
                 continue
             render = getattr(err, "render_traceback", None)
+            ename = getattr(err, "ename", None) or type(err).__name__
+            evalue = getattr(err, "evalue", None)
             out[rank] = RankFailure(
-                rank,
-                getattr(err, "ename", None) or type(err).__name__,
-                getattr(err, "evalue", None) or str(err),
-                tuple(render()) if callable(render) else (),
+                rank, ename, str(err) if evalue is None else evalue,  # `raise SystemExit`: evalue ""
+                # an exit says its code; the traceback of the exit call says nothing more
+                tuple(render()) if callable(render) and ename != "SystemExit" else (),
                 _timestamp(md.get("completed")),
             )
         return out
