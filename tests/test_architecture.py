@@ -15,10 +15,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "jdist"
-RUNTIMES = ("jdist.kernel", "jdist.rank", "jdist.server")
-#: What each part of the package may import, besides the shared modules.
+RUNTIMES = ("jdist.kernel", "jdist.rank", "jdist.server", "jdist.cli")
+#: What each part of the package may import, besides the shared modules (the ``jdist`` command is
+#: another front end of the kernel side: it drives the cluster and the supervisor from a terminal).
 ALLOWED = {"jdist.kernel": {"jdist.kernel"}, "jdist.rank": {"jdist.rank"}, "jdist.server": {"jdist.server"},
-           "shared": set()}
+           "jdist.cli": {"jdist.cli", "jdist.kernel"}, "shared": set()}
 
 
 def module_name(path: Path) -> str:
@@ -63,11 +64,13 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 
 
 def part(name: str) -> str:
+    if name == "jdist.__main__":  # `python -m jdist` is the jdist command
+        return "jdist.cli"
     return next((r for r in RUNTIMES if name == r or name.startswith(r + ".")), "shared")
 
 
-def test_the_package_has_the_four_parts():
-    assert {part(m) for m in MODULES} == {"jdist.kernel", "jdist.rank", "jdist.server", "shared"}
+def test_the_package_has_its_parts():
+    assert {part(m) for m in MODULES} == {"jdist.kernel", "jdist.rank", "jdist.server", "jdist.cli", "shared"}
 
 
 def test_no_import_cycles():
@@ -128,6 +131,13 @@ def test_the_kernels_jdist_loads_no_rank_runtime_and_no_torch():
                      "jdist.last_run, jdist.runs, jdist.Run, jdist.AUTO_METRICS")
     assert not {m for m in loaded if m.startswith("jdist.rank")}, "the kernel loaded the rank runtime"
     assert "torch" not in loaded and "jdist.kernel.magics" in loaded
+
+
+def test_the_command_loads_no_rank_runtime_and_no_torch():
+    loaded = _loaded("import jdist.cli, jdist.cli.run, jdist.cli.runs, jdist.cli.view\n"
+                     "from jdist.cli import parser; parser()")
+    assert not {m for m in loaded if m.startswith(("jdist.rank", "jdist.server"))}
+    assert "torch" not in loaded and "jdist.kernel.cluster" not in loaded  # `jdist runs` starts fast
 
 
 def test_the_ranks_jdist_loads_no_kernel_or_server_code():

@@ -231,8 +231,11 @@ class ClusterSession:
         if self.launcher.remote:
             self._write_reaper_plan()  # now with the Slurm job step
 
-    def stop(self) -> None:
-        """Stop engines and controller (teardown on the ranks first, best effort). Idempotent."""
+    def stop(self, busy: bool = False) -> None:
+        """Stop engines and controller (teardown on the ranks first, best effort). Idempotent.
+
+        ``busy``: the ranks still run code (``jdist run`` ending them on a second Ctrl-C): no
+        teardown, which would wait for them, only the launcher's signals."""
         client, cluster, launcher = self.client, self.ipp, self.launcher
         self.client = self.ipp = self.launcher = None
         atexit.unregister(self.stop)
@@ -241,7 +244,7 @@ class ClusterSession:
         n_ranks, self.ranks, self._engine_of_rank = len(self.ranks), [], {}
         work_dir, self.work_dir = self.work_dir, None
         reaper_proc, self._reaper = self._reaper, None
-        if client is not None:
+        if client is not None and not busy:
             try:
                 client[:].apply_async(RankCall("teardown")).get(timeout=5)
                 # idle ranks end their processes themselves, at once (no reply comes back; the
@@ -251,6 +254,12 @@ class ClusterSession:
                     launcher.ranks_ended()  # else ipyparallel's SIGTERM below ends them, slowly
             except Exception:
                 pass  # engines may be dead or busy; stopping them below releases everything
+        if client is not None and busy:
+            try:  # through the controller (each engine's nanny): also ranks on other hosts
+                client.send_signal(signal.SIGKILL, block=True)
+            except Exception:
+                pass  # mpiexec's SIGTERM, then SIGKILL after 5 s, below
+        if client is not None:
             client.close()
         if launcher is not None:
             launcher.stopping()

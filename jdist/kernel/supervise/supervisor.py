@@ -101,8 +101,12 @@ class CellSupervisor:
     def _wait(self) -> None:
         view = self.view
         done_count = 0
-        while not view.ready():
-            try:
+        while True:
+            try:  # everything, the loop's test too: an interrupt may arrive at any line
+                if view.ready():
+                    return
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    return
                 view.wait(self.poll_s)
                 now = time.monotonic()
                 if self._pump():
@@ -124,8 +128,6 @@ class CellSupervisor:
                     self.obs.interrupted = True
                     self.cluster.interrupt(self.ranks)
                     self._start_grace()
-            if self.deadline is not None and time.monotonic() > self.deadline and not view.ready():
-                return
 
     def _release(self, action: Release) -> None:
         if action.hang is not None:

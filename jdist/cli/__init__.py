@@ -1,0 +1,91 @@
+"""The ``jdist`` command: scripts on jdist's ranks from a terminal, and the run log.
+
+Another front end of what ``%%distributed`` uses: the same option table (each option defined
+once, in :mod:`jdist.options` or by the plugin that owns it), the same cluster, launchers and
+cell supervisor (:mod:`jdist.kernel`). Commands:
+
+* ``jdist run [options] script.py [args...]``: :mod:`jdist.cli.run`;
+* ``jdist runs`` and ``jdist show [RUN]``: :mod:`jdist.cli.runs`.
+
+``python -m jdist ...`` is the same. Example::
+
+    $ jdist run -n 2 --backend ddp train.py --lr 3e-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+#: ``%%distributed`` options that mean nothing for a script: which ranks run a cell, the notebook's
+#: dashboard, replacing the kernel's running cluster.
+NOT_FOR_SCRIPTS = frozenset({"targets", "no_dashboard", "restart"})
+
+
+def _say(message: str) -> None:
+    print(f"jdist: {message}", file=sys.stderr, flush=True)
+
+
+def run_parser(parser: argparse.ArgumentParser) -> None:
+    """``jdist run``'s arguments: the option table's (help without the notebook's scope notes), the
+    terminal's own, then the script and its arguments (passed untouched)."""
+    from jdist.plugins import option_table
+
+    table = option_table()
+    for opt in (*table.cluster, *table.cell):
+        if opt.name in NOT_FOR_SCRIPTS:
+            continue
+        flags, kwargs = opt.argparse()
+        kwargs["help"] = opt.help
+        parser.add_argument(*flags, **kwargs)
+    parser.add_argument("--live", dest="live", action="store_true", default=None,
+                        help="The live panel (default when stdout is a terminal).")
+    parser.add_argument("--no-live", dest="live", action="store_false",
+                        help="Plain status lines instead of the live panel (default when stdout is not a terminal).")
+    parser.add_argument("--every", type=float, default=10.0, metavar="S",
+                        help="Plain view: seconds between status lines (default 10).")
+    parser.add_argument("script", help="The Python script every rank runs as __main__.")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Its arguments, passed as given.")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jdist", description="Run scripts on jdist's ranks; read the run log.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run_parser(sub.add_parser(
+        "run", help="Run a script on every rank (the options of %%distributed).",
+        description="Run SCRIPT on every rank as __main__ (as torchrun would), with the live view, the root-cause "
+                    "error and exit codes: 0 ok, 1 the script failed, 2 usage, 3 launch failed, 4 hang, 128+N a "
+                    "rank killed by signal N, 130 interrupted."))
+    runs = sub.add_parser("runs", help="List the runs in the run log, newest first.")
+    runs.add_argument("--all", action="store_true", help="Every run (default: the newest --last).")
+    runs.add_argument("--last", type=int, default=20, metavar="N", help="How many runs (default 20).")
+    runs.add_argument("--json", action="store_true", help="One JSON object per run.")
+    show = sub.add_parser("show", help="A run's summary, and each rank's error if it failed.")
+    show.add_argument("run", nargs="?", default=None, help="Run id or a unique prefix (default: the newest run).")
+    show.add_argument("--history", action="store_true", help="Every record as CSV.")
+    for sp in (runs, show):
+        sp.add_argument("--run-dir", default=None, metavar="DIR",
+                        help="The run log (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``jdist`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    if args.command == "run":
+        from .run import run
+
+        args.argv = argv[1:]
+        return run(args, _say)
+    from . import runs
+
+    try:
+        return runs.list_command(args) if args.command == "runs" else runs.show_command(args)
+    except ValueError as exc:
+        _say(f"error: {exc}")
+        return 2
+
+
+__all__ = ["NOT_FOR_SCRIPTS", "main", "parser"]

@@ -1,0 +1,295 @@
+"""``jdist run``: a script on every rank of a jdist cluster, supervised as a notebook cell is.
+
+The cluster is the one ``%%distributed`` starts, from the same options (one option table); the
+script runs on every rank as under IPython's ``%run`` (``__main__``, ``sys.argv``, torchrun's
+environment, the script's own ``init_process_group`` accepted), through the same
+:class:`~jdist.kernel.supervise.CellSupervisor`: lossless ``jdist.log`` into the run log, the
+root-cause error with the failing rank's traceback (ranks jdist released are "released"), the
+hang watchdog, a rank's death with its cause. What the terminal adds:
+
+* Ctrl-C: the first press sends SIGINT to every rank (also ranks blocked in a collective) and
+  waits up to :data:`~jdist.kernel.supervise.report.INTERRUPT_GRACE_S` s, naming the ranks still
+  running then; a second press (or SIGTERM/SIGHUP) ends the ranks at once.
+* exit codes (:data:`EXIT_CODES`) and ``errors.json`` in the run folder.
+
+Example::
+
+    $ jdist run -n 2 train.py --epochs 3
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from jdist.errors import JdistError
+from jdist.metrics import Run
+from jdist.options import CellOptions
+
+#: What ``jdist run`` exits with (documented in docs/cli.md).
+EXIT_CODES = {
+    0: "every rank finished",
+    1: "the script raised, or exited with a non-zero code, on some rank",
+    2: "usage: bad options or arguments, nothing started",
+    3: "the launch failed: the ranks did not start or register",
+    4: "hang: every running rank waited in a collective (--watchdog)",
+    130: "interrupted (Ctrl-C)",
+    143: "terminated (SIGTERM; SIGHUP: 129)",
+}
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LAUNCH, EXIT_HANG = 0, 1, 2, 3, 4
+#: 128+N: a rank was killed by signal N (137: SIGKILL, often the out-of-memory killer).
+SIGNAL_BASE = 128
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Terminate(BaseException):
+    """A second Ctrl-C, SIGTERM or SIGHUP: end the ranks now (not an ``Exception``: nothing on
+    the way may swallow it)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Signals:
+    """Ctrl-C as a terminal sends it: the first SIGINT becomes KeyboardInterrupt (the supervisor
+    forwards it to the ranks), a second, or SIGTERM/SIGHUP, :class:`Terminate`. The launcher,
+    controller and ranks run in sessions of their own (ipyparallel starts them so): only this
+    process gets the terminal's signals."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.interrupts = 0
+        self.armed = True
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Signals:
+        for sig in self.HANDLED:
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.armed:  # stopping the cluster: it ends everything within seconds anyway
+            return
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts == 1:
+                self.say("interrupting every rank (SIGINT); press Ctrl-C again to end them now")
+                raise KeyboardInterrupt
+        self.armed = False
+        raise Terminate(signum)
+
+
+def script_code(script: Path, args: list[str]) -> str:
+    """The code each rank runs: IPython's ``%run`` of ``script`` with ``args`` (no glob or ``$var``
+    expansion: the arguments arrive as given).
+
+    >>> script_code(Path("/w/train.py"), ["--lr", "3e-4", "a b"])
+    'get_ipython().find_line_magic("run")("-G /w/train.py --lr 3e-4 \\'a b\\'")'
+    """
+    line = " ".join(shlex.quote(a) for a in ["-G", str(script), *args])
+    return f'get_ipython().find_line_magic("run")({json.dumps(line)})'
+
+
+def exit_code_of(result: Any) -> int:
+    """The exit code for a :class:`~jdist.kernel.supervise.CellResult` (:data:`EXIT_CODES`)."""
+    obs = result.obs
+    if result.interrupted:
+        return 130
+    if obs.death is not None:
+        code = obs.death.exit_code
+        return code if code is not None and code > SIGNAL_BASE else EXIT_ERROR
+    if obs.hang is not None and not result.failed:
+        return EXIT_HANG
+    return EXIT_OK if result.ok else EXIT_ERROR
+
+
+def error_entries(result: Any, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``errors.json``: one entry per rank, the root cause first, then by the time each ended.
+
+    ``kind``: ``exception`` (raised), ``exit`` (sys.exit with a code), ``died`` (the process
+    ended), ``hang`` (waited in a collective), ``released`` (stopped by jdist because of another
+    rank), ``stuck`` (did not stop after an interrupt), ``interrupted``, ``finished``.
+    """
+    obs, outcome = result.obs, result.outcome
+    failures = obs.failures
+    root = obs.death.rank if obs.death is not None else outcome.first_failed
+    entries = []
+    for info in infos:
+        r = info["rank"]
+        f = failures.get(r)
+        entry: dict[str, Any] = {"rank": r, "host": info["host"], "pid": info["pid"], "kind": "finished",
+                                 "exit_code": None, "type": None, "message": None, "traceback": [], "where": None,
+                                 "time": f.completed if f is not None else None}
+        if obs.death is not None:
+            entry["kind"] = "died"
+            if r == obs.death.rank:
+                entry.update(message=obs.death.cause, exit_code=obs.death.exit_code)
+            else:
+                entry["message"] = f"ended by MPI after rank {obs.death.rank} died"
+        elif r in obs.stuck:
+            entry.update(kind="stuck", where=result.stuck_stacks.get(r))
+        elif obs.hang is not None and r in obs.hang:
+            entry.update(kind="hang", where=obs.hang[r])
+        elif r in obs.released and r not in outcome.failed:
+            entry.update(kind="released", message=f"released because rank {root} failed" if root is not None
+                         else "released")
+            where = (result.rebuilt or {}).get("released_from", {}).get(r)
+            entry["where"] = where
+        elif f is not None and f.exit_code is not None:
+            entry.update(kind="exit" if f.exit_code else "finished", exit_code=f.exit_code, message=f.summary)
+        elif f is not None and f.ename == "KeyboardInterrupt":
+            entry.update(kind="interrupted", type=f.ename)
+        elif f is not None:
+            entry.update(kind="exception", type=f.ename, message=f.evalue,
+                         traceback=[_ANSI.sub("", line) for line in "\n".join(f.traceback).splitlines()])
+        entries.append(entry)
+    entries.sort(key=lambda e: (e["rank"] != root, e["time"] is None, e["time"] or 0, e["rank"]))
+    return entries
+
+
+def outcome_lines(result: Any, world_size: int, notes: list[str]) -> list[str]:
+    """What went wrong, in the notebook's words (one error, the failing rank's traceback, what
+    happened to the others), without the notebook's advice (``%dist ...``)."""
+    from jdist.kernel.supervise import fault_notes, raise_for_result
+
+    def for_scripts(lines: list[str]) -> list[str]:
+        return [line for line in lines if "%dist " not in line and line != "[Engine Exception]"]
+
+    if result.interrupted:  # the notebook's line would say the ranks' variables are kept
+        done = "some did not stop" if result.obs.stuck else "every rank stopped"
+        return for_scripts([f"Interrupted: every rank received SIGINT and {done}.", *fault_notes(result), *notes])
+    try:
+        raise_for_result(result, world_size, notes)
+    except JdistError as exc:
+        render = getattr(exc, "_render_traceback_", None)
+        return for_scripts(render() if callable(render) else [str(exc)])
+    return []
+
+
+def sinks_for(opts: CellOptions, live: bool, title: str, every_s: float) -> Callable[[Run], list[Any]]:
+    """The run's sinks: the run log, the terminal view, and the options' tracker sinks."""
+    from jdist.kernel.sinks import RunLogSink, plugin_sinks
+
+    from .view import LiveView, PlainView
+
+    def make(run: Run) -> list[Any]:
+        view = LiveView(title) if live else PlainView(every_s=every_s)
+        return [RunLogSink(opts.run_dir), view, *plugin_sinks(run, opts)]
+
+    return make
+
+
+def _show_display(content: dict[str, Any]) -> None:
+    text = content.get("data", {}).get("text/plain")
+    if text:
+        print(text, flush=True)
+
+
+def run(args: Any, say: Callable[[str], None]) -> int:
+    """``jdist run`` with parsed ``args`` (the option table's, plus ``script``, ``script_args``,
+    ``live``, ``every``); the exit code."""
+    from jdist.errors import ClusterError
+    from jdist.kernel import sinks as kernel_sinks
+    from jdist.kernel.cluster import ClusterSession
+    from jdist.kernel.probes import probe
+    from jdist.kernel.supervise import CellSupervisor
+    from jdist.plugins import option_table
+
+    script = Path(args.script).expanduser()
+    if not script.is_file():
+        say(f"error: no script {args.script!r}: give the path of a Python file, e.g. jdist run -n 2 train.py")
+        return EXIT_USAGE
+    script = script.resolve()
+    table = option_table()
+    opts = table.cell_options(args)
+    try:
+        plan = table.plan(table.requested(args), None, False)
+        probe(plan.config)
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    problem = kernel_sinks.unavailable(opts)
+    if problem:
+        say(f"error: {problem}")
+        return EXIT_USAGE
+    config = plan.config
+    command = " ".join(shlex.quote(a) for a in ["jdist", "run", *args.argv])
+    live = args.live if args.live is not None else sys.stdout.isatty()
+    t0 = time.monotonic()
+    cluster = ClusterSession(config)
+    busy = False  # the ranks may still run code when the cluster stops
+    with Signals(say) as signals:
+        try:
+            try:
+                cluster.start(say)
+            except KeyboardInterrupt:
+                say("interrupted while starting the ranks")
+                return 130
+            except (ClusterError, OSError, RuntimeError) as exc:
+                lines = exc.lines if isinstance(exc, ClusterError) else [f"{type(exc).__name__}: {exc}"]
+                say("error: the launch failed: " + "\n".join(lines))
+                return EXIT_LAUNCH
+            title = f"jdist run {script.name}"
+            sup = CellSupervisor(cluster, script_code(script, list(args.script_args)), None, opts.output,
+                                 sinks_for(opts, live, title, args.every), run_code=f"# {command}\n" + _text(script),
+                                 show=_show_display, rebuild=False)
+            run_ = sup.records.ensure_run()  # the run folder exists from the start: the sidebar shows it
+            say(f"run {run_.run_id}: {run_.path}")
+            try:
+                result = sup.run()
+            except (Terminate, KeyboardInterrupt) as exc:  # (an interrupt after the cell: while draining)
+                signum = exc.signum if isinstance(exc, Terminate) else signal.SIGINT
+                sup.records.finish("interrupted", f"terminated by {signal.Signals(signum).name}")
+                raise Terminate(signum) from None
+            signals.armed = False
+            code = exit_code_of(result)
+            elapsed = time.monotonic() - t0
+            if result.run is not None and result.run.path is not None:
+                notes = [f"run log: {result.run.path}  (jdist show {result.run.run_id})"]
+            else:
+                notes = []
+            if code == EXIT_OK:
+                if result.run is not None and result.run.records:
+                    print(result.run.summary(), flush=True)
+                say(f"{title}: finished on {config.n} rank(s) in {elapsed:.1f} s")
+                return code
+            lines = outcome_lines(result, config.n, notes)
+            if result.run is not None and result.run.path is not None:
+                (result.run.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
+            for line in lines:
+                print(line if sys.stderr.isatty() else _ANSI.sub("", line), file=sys.stderr)
+            say(f"{title}: {'interrupted' if code == 130 else 'FAILED'} after {elapsed:.1f} s (exit {code})")
+            return code
+        except Terminate as term:
+            say(f"{signal.Signals(term.signum).name}: ending the ranks")
+            busy = True
+            return SIGNAL_BASE + term.signum
+        finally:
+            signals.armed = False
+            cluster.stop(busy=busy)
+
+
+def _text(script: Path, limit: int = 256 * 1024) -> str:
+    try:
+        data = script.read_text(errors="replace")
+    except OSError:
+        return ""
+    return data if len(data) <= limit else data[:limit] + "\n# ... (cut at 256 KiB)\n"
+
+
+__all__ = ["EXIT_CODES", "Signals", "Terminate", "error_entries", "exit_code_of", "outcome_lines", "run",
+           "script_code"]

@@ -1,0 +1,278 @@
+"""``jdist run``, ``jdist runs`` and ``jdist show`` as a user runs them: real CLI processes starting
+real 2-rank MPI clusters, a real pseudo-terminal for the live view and Ctrl-C (the terminal's
+SIGINT to the foreground process group), the run folders read back with jdist's reader.
+The exit codes are docs/cli.md's table; how fast each path is: benchmarks/bench_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from jdist.cli import main, parser
+from jdist.cli.runs import title_of
+from jdist.metrics import list_runs, read_run
+from jdist.procs import pid_alive
+
+pytestmark = pytest.mark.cluster
+
+JDIST = [sys.executable, "-m", "jdist"]
+
+TRAIN = """import argparse, os, sys, time
+import torch, torch.distributed as dist
+import jdist
+p = argparse.ArgumentParser(description="a torchrun-style training script")
+p.add_argument("--steps", type=int, default=20)
+p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--fail-at", type=int, default=-1)
+p.add_argument("--kill-at", type=int, default=-1)
+p.add_argument("--exit", type=int, default=None)
+args = p.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = jdist.prepare(torch.nn.Linear(8, 1))
+opt = jdist.prepare(torch.optim.SGD(model.parameters(), lr=0.05))
+jdist.progress(total_steps=args.steps)
+for step in range(args.steps):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    jdist.backward(loss); opt.step(); opt.zero_grad()
+    jdist.log(step=step, loss=loss.item())
+    if rank == 1 and step == args.fail_at:
+        raise ValueError(f"loss went bad at step {step}")
+    if rank == 1 and step == args.kill_at:
+        os.kill(os.getpid(), 9)
+    time.sleep(args.sleep)
+if args.exit is not None:
+    sys.exit(args.exit)
+print(f"rank {rank} done, argv {sys.argv[1:]}, name {__name__}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(TRAIN)
+    monkeypatch.setenv("JDIST_RUN_DIR", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def jdist(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*JDIST, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def only_run(work: Path) -> Path:
+    runs = list_runs(work / "runs")
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(pid_alive(p) for p in pids)
+
+
+def test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log(work):
+    out = jdist("run", "-n", "2", "train.py", "--steps", "20", "--sleep", "0")
+    assert out.returncode == 0, out.stderr
+    # rank 0's output (the default), the script as __main__ with its own arguments, untouched
+    assert "rank 0 done, argv ['--steps', '20', '--sleep', '0'], name __main__" in out.stdout
+    assert "rank 1 done" not in out.stdout
+    assert "finished after" in out.stdout and "loss:" in out.stdout  # the run's summary at the end
+    assert "jdist run train.py: finished on 2 rank(s)" in out.stderr
+    run = read_run(only_run(work))
+    assert run.status == "finished" and run.world_size == 2 and run.count() == 40
+    assert run.code.startswith("# jdist run -n 2 train.py --steps 20") and "import argparse" in run.code
+    assert not (run.path / "errors.json").exists()
+    listed = jdist("runs", "--json")
+    row = json.loads(listed.stdout.splitlines()[0])
+    assert row["run_id"] == run.run_id and row["status"] == "finished" and row["steps"] == 20
+    assert row["title"] == "jdist run -n 2 train.py --steps 20 --sleep 0"
+    shown = jdist("show", run.run_id[:15])
+    assert shown.returncode == 0 and f"jdist run {run.run_id}: finished" in shown.stdout
+    history = jdist("show", "--history")
+    assert history.stdout.splitlines()[0].startswith("rank,") and len(history.stdout.splitlines()) == 41
+
+
+def test_the_plain_view_prints_status_lines_when_stdout_is_not_a_terminal(work):
+    out = jdist("run", "-n", "2", "--every", "0.3", "train.py", "--steps", "40", "--sleep", "0.05")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[jdist] step ")]
+    assert lines, out.stdout
+    assert "/40 (" in lines[0] and "loss " in lines[0] and "ms/step" in lines[0]
+
+
+def test_a_rank_exception_exits_1_with_the_root_cause_and_the_bystander_released(work):
+    out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--fail-at", "3", "--sleep", "0.02")
+    assert out.returncode == 1, out.stderr
+    err = out.stderr
+    assert "first failure on rank 1: ValueError: loss went bad at step 3" in err
+    assert err.count("raise ValueError(f\"loss went bad at step {step}\")") == 1  # its traceback, once
+    assert "rank 0: released because rank 1 failed" in err
+    assert "%dist" not in err and "\x1b[" not in err  # no notebook advice, no colour codes in a pipe
+    assert "FAILED after" in err and "(exit 1)" in err
+    path = only_run(work)
+    entries = json.loads((path / "errors.json").read_text())
+    assert [(e["rank"], e["kind"]) for e in entries] == [(1, "exception"), (0, "released")]
+    assert entries[0]["type"] == "ValueError" and any("fail-at" in line or "raise ValueError" in line
+                                                      for line in entries[0]["traceback"])
+    assert read_run(path).status == "failed"
+    assert gone([e["pid"] for e in entries])
+    shown = jdist("show")
+    assert "rank 1 on" in shown.stdout and ": exception: loss went bad at step 3" in shown.stdout
+
+
+def test_exits_killed_ranks_and_hangs_have_their_own_codes(work):
+    out = jdist("run", "-n", "2", "train.py", "--steps", "3", "--exit", "0")
+    assert out.returncode == 0, out.stderr  # sys.exit(0) is a normal end, as for python itself
+    out = jdist("run", "-n", "2", "train.py", "--steps", "3", "--exit", "3")
+    assert out.returncode == 1 and "exited with code 3" in out.stderr and "Traceback" not in out.stderr
+    out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--kill-at", "2", "--sleep", "0.02")
+    assert out.returncode == 128 + 9, out.stderr
+    assert "rank 1 died: killed by SIGKILL" in out.stderr
+    (work / "hang.py").write_text("import torch, torch.distributed as dist\n"
+                                  "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\n")
+    out = jdist("run", "-n", "2", "--watchdog", "2", "hang.py")
+    assert out.returncode == 4, out.stderr
+    assert "hang: no progress for 2 s" in out.stderr and "rank 0: waiting in all_reduce" in out.stderr
+    entries = json.loads((list_runs(work / "runs")[0] / "errors.json").read_text())
+    assert entries[0]["kind"] == "hang" and entries[0]["rank"] == 0
+
+
+@pytest.mark.parametrize("argv,fix", [
+    (["run", "-n", "2", "missing.py"], "no script 'missing.py'"),
+    (["run", "-n", "2", "--backend", "nope", "train.py"], "Unknown backend 'nope'. Use --backend with one of"),
+    (["run", "train.py"], "-n"),
+    (["show", "nosuchrun"], "no run"),
+])
+def test_bad_input_is_one_line_and_exit_2(work, argv, fix):
+    out = jdist(*argv)
+    assert out.returncode == 2 and fix in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and not list_runs(work / "runs")
+
+
+class Terminal:
+    """``jdist run`` on a pseudo-terminal: Ctrl-C is the terminal's SIGINT to its process group."""
+
+    def __init__(self, *argv: str):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the terminal's foreground process
+            os.execv(sys.executable, [sys.executable, "-m", "jdist", *argv])
+        self.output = b""
+
+    def read_until(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.output:
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.text}"
+            if select.select([self.fd], [], [], 0.1)[0]:
+                try:
+                    self.output += os.read(self.fd, 65536)
+                except OSError:
+                    break
+
+    def ctrl_c(self) -> None:
+        os.write(self.fd, b"\x03")
+
+    def wait(self, timeout: float = 120) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            if select.select([self.fd], [], [], 0.1)[0]:
+                try:
+                    self.output += os.read(self.fd, 65536)
+                except OSError:
+                    pass
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                raise AssertionError(f"jdist run did not exit:\n{self.text}")
+
+    @property
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+
+LOOP = """import os, time, torch, torch.distributed as dist, jdist
+rank = int(os.environ["RANK"])
+try:
+    for step in range(10**9):
+        if rank == 0 or step < 30:
+            dist.all_reduce(torch.ones(1))   # from step 30 on, rank 0 waits here for rank 1, which never comes
+        else:
+            time.sleep(0.01)
+        jdist.log(step=step, loss=1.0 / (step + 1))
+        if step == 40:
+            print("rank 1 is looping", flush=True)
+finally:
+    open(f"finally-{rank}", "w").close()
+"""
+STUBBORN = """import time
+n = 0
+while True:
+    try:
+        time.sleep(0.01); n += 1
+        if n == 50: print("looping on", __import__("os").environ["RANK"], flush=True)
+    except KeyboardInterrupt:
+        print("ignoring Ctrl-C", flush=True)
+"""
+
+
+def test_ctrl_c_in_a_terminal_reaches_every_rank_and_a_second_one_ends_them(work):
+    (work / "loop.py").write_text(LOOP)
+    term = Terminal("run", "-n", "2", "--output", "all", "--watchdog", "0", "loop.py")
+    term.read_until("rank 1 is looping")
+    assert "ms/step" in term.text and "memory" in term.text  # the live panel on a terminal
+    term.ctrl_c()
+    assert term.wait() == 130, term.text
+    assert (work / "finally-0").exists() and (work / "finally-1").exists()  # rank 0 too: it was in all_reduce
+    assert "Interrupted: every rank received SIGINT and every rank stopped." in term.text
+    entries = json.loads((list_runs(work / "runs")[0] / "errors.json").read_text())
+    assert {e["kind"] for e in entries} == {"interrupted"} and gone([e["pid"] for e in entries])
+    assert read_run(list_runs(work / "runs")[0]).status == "interrupted"
+
+    (work / "stubborn.py").write_text(STUBBORN)
+    term = Terminal("run", "-n", "2", "--output", "all", "stubborn.py")
+    term.read_until("looping on 1")
+    term.ctrl_c()
+    term.read_until("ignoring Ctrl-C")
+    term.ctrl_c()
+    assert term.wait() == 130, term.text
+    assert "SIGINT: ending the ranks" in term.text
+    run = read_run(list_runs(work / "runs")[0])
+    assert run.status == "interrupted" and run.error == "terminated by SIGINT"
+    wait_for(lambda: not _engines_of(term.pid), timeout=30, what="the ranks of the stopped run to end")
+
+
+def _engines_of(pid: int) -> list[int]:
+    """Processes left from the jdist run with this PID (its cluster id names it)."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if f"jdist-{pid}-" in cmd:
+            left.append(proc.info["pid"])
+    return left
+
+
+def test_the_parser_is_the_option_tables():
+    """Every %%distributed option but the notebook-only ones, with the same flags."""
+    from jdist.cli import NOT_FOR_SCRIPTS
+    from jdist.plugins import option_table
+
+    run = parser()._subparsers._group_actions[0].choices["run"]
+    flags = {f for action in run._actions for f in action.option_strings}
+    for opt in (*option_table().cluster, *option_table().cell):
+        assert (opt.name not in NOT_FOR_SCRIPTS) == (set(opt.flags) <= flags), opt.name
+    assert title_of("# jdist run -n 2 t.py\nx") == "jdist run -n 2 t.py"
+    assert main(["runs", "--run-dir", "/nonexistent/runs"]) == 0
