@@ -63,6 +63,7 @@ bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_dashboard.py
 	$(BIN)/python benchmarks/bench_backends.py --repeats 4
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
+	$(BIN)/python benchmarks/bench_cli.py --repeats 5
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"

@@ -6,6 +6,7 @@ The exit codes are docs/cli.md's table; how fast each path is: benchmarks/bench_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -91,7 +92,7 @@ def test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log(work):
     assert "jdist run train.py: finished on 2 rank(s)" in out.stderr
     run = read_run(only_run(work))
     assert run.status == "finished" and run.world_size == 2 and run.count() == 40
-    assert run.code.startswith("# jdist run -n 2 train.py --steps 20") and "import argparse" in run.code
+    assert run.code.startswith("# $ jdist run -n 2 train.py --steps 20") and "import argparse" in run.code
     assert not (run.path / "errors.json").exists()
     listed = jdist("runs", "--json")
     row = json.loads(listed.stdout.splitlines()[0])
@@ -146,6 +147,8 @@ def test_exits_killed_ranks_and_hangs_have_their_own_codes(work):
     assert "hang: no progress for 2 s" in out.stderr and "rank 0: waiting in all_reduce" in out.stderr
     entries = json.loads((list_runs(work / "runs")[0] / "errors.json").read_text())
     assert entries[0]["kind"] == "hang" and entries[0]["rank"] == 0
+    out = jdist("run", "-n", "2", "--start-timeout", "0.1", "train.py")
+    assert out.returncode == 3 and "the launch failed: Only " in out.stderr and "registered within 0.1 s" in out.stderr
 
 
 @pytest.mark.parametrize("argv,fix", [
@@ -240,7 +243,16 @@ def test_ctrl_c_in_a_terminal_reaches_every_rank_and_a_second_one_ends_them(work
     assert {e["kind"] for e in entries} == {"interrupted"} and gone([e["pid"] for e in entries])
     assert read_run(list_runs(work / "runs")[0]).status == "interrupted"
 
+    # ranks that catch KeyboardInterrupt and go on: named with where they are after the grace period
     (work / "stubborn.py").write_text(STUBBORN)
+    term = Terminal("run", "-n", "2", "--output", "all", "--no-live", "stubborn.py")
+    term.read_until("looping on 1")
+    term.ctrl_c()
+    assert term.wait() == 130, term.text
+    assert "rank(s) 0, 1 did not stop within 10 s:" in term.text and "stubborn.py" in term.text, term.text
+    entries = json.loads((list_runs(work / "runs")[0] / "errors.json").read_text())
+    assert {e["kind"] for e in entries} == {"stuck"} and gone([e["pid"] for e in entries])
+    # ... or ended at once by a second Ctrl-C
     term = Terminal("run", "-n", "2", "--output", "all", "stubborn.py")
     term.read_until("looping on 1")
     term.ctrl_c()
@@ -274,5 +286,55 @@ def test_the_parser_is_the_option_tables():
     flags = {f for action in run._actions for f in action.option_strings}
     for opt in (*option_table().cluster, *option_table().cell):
         assert (opt.name not in NOT_FOR_SCRIPTS) == (set(opt.flags) <= flags), opt.name
-    assert title_of("# jdist run -n 2 t.py\nx") == "jdist run -n 2 t.py"
+    assert title_of("# $ jdist run -n 2 t.py\nx") == "jdist run -n 2 t.py"
     assert main(["runs", "--run-dir", "/nonexistent/runs"]) == 0
+
+
+SLOW = """import time, jdist
+for step in range(100000):
+    jdist.log(step=step, loss=1.0 / (step + 1))
+    time.sleep(0.05)
+"""
+
+
+def test_clusters_watch_and_stop_from_another_terminal(work, monkeypatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(work / "runtime"))
+    (work / "slow.py").write_text(SLOW)
+    run = subprocess.Popen([*JDIST, "run", "-n", "2", "slow.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        def listed() -> dict | None:
+            out = jdist("clusters", "--json").stdout.splitlines()
+            return json.loads(out[0]) if out else None
+
+        cluster = wait_for(listed, timeout=120, what="the run's cluster in jdist clusters")
+        assert cluster["owner"] == f"jdist run (pid {run.pid})" and cluster["ranks"] == 2
+        wait_for(lambda: list_runs(work / "runs") and read_run(list_runs(work / "runs")[0]).count() > 10,
+                 what="records in the run log")
+        # the JupyterLab sidebar's view of it (the server extension's manager, on the same files)
+        from jdist.server.manager import JdistManager
+
+        manager = JdistManager([work / "runtime"], run_dir=work / "runs")
+        try:
+            runs = asyncio.run(manager.runs())  # (the sidebar polls both; a cluster's run is one it follows)
+            (model,) = asyncio.run(manager.clusters())
+        finally:
+            manager.close()
+        assert model["cluster_id"] == cluster["cluster_id"] and model["kernel_id"] is None
+        assert model["status"] == "running" and {r["state"] for r in model["ranks"]} == {"busy"}
+        assert model["current_run"] == runs[0]["run_id"] and runs[0]["status"] == "running"
+        watch = subprocess.Popen([*JDIST, "watch", "--no-live", "--every", "0.2"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # let the watcher print a few lines while the run goes on
+        stopped = jdist("stop", cluster["cluster_id"][:12])
+        assert stopped.returncode == 0 and f"Stopped {cluster['cluster_id']}" in stopped.stdout, stopped.stderr
+        assert run.wait(30) == 128 + signal.SIGTERM
+        out, _ = watch.communicate(timeout=30)
+        assert watch.returncode == 1 and "[jdist] step " in out and "interrupted" in out
+        (path,) = list_runs(work / "runs")
+        done = read_run(path)
+        assert done.status == "interrupted" and done.error == "terminated by SIGTERM"
+        assert jdist("clusters").stdout.strip() == "No jdist clusters are running."
+        wait_for(lambda: not _engines_of(run.pid), timeout=30, what="no process of the stopped run left")
+    finally:
+        run.kill()

@@ -437,3 +437,48 @@ def test_slurm_inside_an_allocation_is_a_job_step_of_it(bed):
         k.run("%dist stop", allow_error=True)
         k.shutdown()
     wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=20, what="the allocation released")
+
+
+CLI_SCRIPT = """import os, socket, sys, torch, torch.distributed as dist, jdist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.randn(16, 8)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    jdist.log(step=step, loss=loss.detach())
+if "--fail" in sys.argv and socket.gethostname() == "node2":
+    raise ValueError(f"bad shard on {socket.gethostname()}")
+print(f"rank {rank} done on {socket.gethostname()}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("launch,hosts", [
+    (("--hosts", "node1:1,node2:1"), {0: "node1", 1: "node2"}),
+    (("--slurm", "-N", "2", "-n", "4"), {0: "node1", 1: "node1", 2: "node2", 3: "node2"}),
+])
+def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
+    """jdist run with the same launchers as a cell: records from both hosts, a failure on node2
+    named with its host, nothing left on either node."""
+    import json
+
+    base = STATE / "cli" / launch[0].strip("-")
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "train.py").write_text(CLI_SCRIPT)
+    env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), JUPYTER_RUNTIME_DIR=str(base / "runtime"))
+    cmd = [sys.executable, "-m", "jdist", "run", *launch, "--timeout", "30", "--no-live", "train.py"]
+    ok = bed.run("node1", cmd, timeout=240, env=env, cwd=base)
+    assert ok.returncode == 0, ok.stderr
+    assert "rank 0 done on node1" in ok.stdout
+    from jdist.metrics import list_runs, read_run
+
+    run = read_run(list_runs(base / "runs")[0])
+    assert run.status == "finished" and run.hosts == hosts and sorted(run.history["rank"].unique()) == sorted(hosts)
+    failed = bed.run("node1", [*cmd, "--fail"], timeout=240, env=env, cwd=base)
+    assert failed.returncode == 1, failed.stderr
+    assert "ValueError: bad shard on node2" in failed.stderr
+    entries = json.loads((list_runs(base / "runs")[0] / "errors.json").read_text())
+    assert entries[0]["host"] == "node2" and entries[0]["kind"] == "exception"
+    wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
+             what="no engine left on either node")
+    assert not on_node(bed, "node1", "squeue -h").strip()

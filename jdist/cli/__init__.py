@@ -5,7 +5,8 @@ once, in :mod:`jdist.options` or by the plugin that owns it), the same cluster, 
 cell supervisor (:mod:`jdist.kernel`). Commands:
 
 * ``jdist run [options] script.py [args...]``: :mod:`jdist.cli.run`;
-* ``jdist runs`` and ``jdist show [RUN]``: :mod:`jdist.cli.runs`.
+* ``jdist runs``, ``jdist show [RUN]``, ``jdist watch [RUN]``: :mod:`jdist.cli.runs`;
+* ``jdist clusters``, ``jdist stop CLUSTER``: :mod:`jdist.cli.clusters`.
 
 ``python -m jdist ...`` is the same. Example::
 
@@ -19,8 +20,8 @@ import sys
 from typing import Sequence
 
 #: ``%%distributed`` options that mean nothing for a script: which ranks run a cell, the notebook's
-#: dashboard, replacing the kernel's running cluster.
-NOT_FOR_SCRIPTS = frozenset({"targets", "no_dashboard", "restart"})
+#: dashboard, replacing the kernel's running cluster, replaying set-up cells after a rank died.
+NOT_FOR_SCRIPTS = frozenset({"targets", "no_dashboard", "restart", "auto_restart"})
 
 
 def _say(message: str) -> None:
@@ -39,12 +40,7 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
         flags, kwargs = opt.argparse()
         kwargs["help"] = opt.help
         parser.add_argument(*flags, **kwargs)
-    parser.add_argument("--live", dest="live", action="store_true", default=None,
-                        help="The live panel (default when stdout is a terminal).")
-    parser.add_argument("--no-live", dest="live", action="store_false",
-                        help="Plain status lines instead of the live panel (default when stdout is not a terminal).")
-    parser.add_argument("--every", type=float, default=10.0, metavar="S",
-                        help="Plain view: seconds between status lines (default 10).")
+    _view_options(parser)
     parser.add_argument("script", help="The Python script every rank runs as __main__.")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Its arguments, passed as given.")
 
@@ -53,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jdist", description="Run scripts on jdist's ranks; read the run log.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_parser(sub.add_parser(
-        "run", help="Run a script on every rank (the options of %%distributed).",
+        "run", help="Run a script on every rank (the options of %%%%distributed).",
         description="Run SCRIPT on every rank as __main__ (as torchrun would), with the live view, the root-cause "
                     "error and exit codes: 0 ok, 1 the script failed, 2 usage, 3 launch failed, 4 hang, 128+N a "
                     "rank killed by signal N, 130 interrupted."))
@@ -64,10 +60,30 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="A run's summary, and each rank's error if it failed.")
     show.add_argument("run", nargs="?", default=None, help="Run id or a unique prefix (default: the newest run).")
     show.add_argument("--history", action="store_true", help="Every record as CSV.")
-    for sp in (runs, show):
+    watch = sub.add_parser("watch", help="The live view of a run while it runs (a notebook's too).")
+    watch.add_argument("run", nargs="?", default=None, help="Run id or a unique prefix (default: the newest run).")
+    _view_options(watch)
+    for sp in (runs, show, watch):
         sp.add_argument("--run-dir", default=None, metavar="DIR",
                         help="The run log (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).")
+    clusters = sub.add_parser("clusters", help="The running jdist clusters (notebooks' and jdist run's).")
+    clusters.add_argument("--json", action="store_true", help="One JSON object per cluster.")
+    stop = sub.add_parser("stop", help="End a cluster that a jdist run owns (SIGTERM to it).")
+    stop.add_argument("cluster", help="Cluster id or a unique prefix (jdist clusters lists them).")
+    stop.add_argument("--wait", type=float, default=30.0, metavar="S", help="Seconds to wait for it to end.")
+    for sp in (clusters, stop):
+        sp.add_argument("--runtime-dir", default=None, metavar="DIR",
+                        help="Where the state files are (default: jupyter's runtime dir).")
     return p
+
+
+def _view_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--live", dest="live", action="store_true", default=None,
+                        help="The live panel (default when stdout is a terminal).")
+    parser.add_argument("--no-live", dest="live", action="store_false",
+                        help="Plain status lines instead of the live panel (default when stdout is not a terminal).")
+    parser.add_argument("--every", type=float, default=10.0, metavar="S",
+                        help="Plain view: seconds between status lines (default 10).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,10 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args.argv = argv[1:]
         return run(args, _say)
-    from . import runs
+    from . import clusters, runs
 
+    command = {"runs": runs.list_command, "show": runs.show_command, "watch": runs.watch_command,
+               "clusters": clusters.clusters_command, "stop": clusters.stop_command}[args.command]
     try:
-        return runs.list_command(args) if args.command == "runs" else runs.show_command(args)
+        return command(args)
     except ValueError as exc:
         _say(f"error: {exc}")
         return 2

@@ -245,9 +245,10 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                 return EXIT_LAUNCH
             title = f"jdist run {script.name}"
             sup = CellSupervisor(cluster, script_code(script, list(args.script_args)), None, opts.output,
-                                 sinks_for(opts, live, title, args.every), run_code=f"# {command}\n" + _text(script),
+                                 sinks_for(opts, live, title, args.every), run_code=f"# $ {command}\n" + _text(script),
                                  show=_show_display, rebuild=False)
             run_ = sup.records.ensure_run()  # the run folder exists from the start: the sidebar shows it
+            assert run_.path is not None
             say(f"run {run_.run_id}: {run_.path}")
             try:
                 result = sup.run()
@@ -256,20 +257,16 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                 sup.records.finish("interrupted", f"terminated by {signal.Signals(signum).name}")
                 raise Terminate(signum) from None
             signals.armed = False
+            busy = bool(result.obs.stuck)  # ranks that did not stop after the interrupt are ended
             code = exit_code_of(result)
             elapsed = time.monotonic() - t0
-            if result.run is not None and result.run.path is not None:
-                notes = [f"run log: {result.run.path}  (jdist show {result.run.run_id})"]
-            else:
-                notes = []
             if code == EXIT_OK:
-                if result.run is not None and result.run.records:
-                    print(result.run.summary(), flush=True)
+                if run_.records:
+                    print(run_.summary(), flush=True)
                 say(f"{title}: finished on {config.n} rank(s) in {elapsed:.1f} s")
                 return code
-            lines = outcome_lines(result, config.n, notes)
-            if result.run is not None and result.run.path is not None:
-                (result.run.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
+            lines = outcome_lines(result, config.n, [f"run log: {run_.path}  (jdist show {run_.run_id})"])
+            (run_.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
             for line in lines:
                 print(line if sys.stderr.isatty() else _ANSI.sub("", line), file=sys.stderr)
             say(f"{title}: {'interrupted' if code == 130 else 'FAILED'} after {elapsed:.1f} s (exit {code})")

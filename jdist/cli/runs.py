@@ -30,17 +30,18 @@ def _age(started: float, now: float) -> str:
 
 
 def title_of(code: str) -> str:
-    """A run's one-line title: the command of a ``jdist run`` (its first line), else the cell's first
-    line that is not a magic or a comment.
+    """A run's one-line title: the command that started it (a first line ``# $ command``: ``jdist run``,
+    or another launcher's ranks writing the run log), else the cell's first line that is not a magic
+    or a comment.
 
-    >>> title_of("# jdist run -n 2 train.py\\nimport torch")
+    >>> title_of("# $ jdist run -n 2 train.py\\nimport torch")
     'jdist run -n 2 train.py'
     >>> title_of("%%distributed -n 2\\n# set-up\\nmodel = make()")
     'model = make()'
     """
     lines = [line.strip() for line in code.splitlines() if line.strip()]
-    if lines and lines[0].startswith("# jdist run"):
-        return lines[0][2:]
+    if lines and lines[0].startswith("# $ "):
+        return lines[0][4:]
     return next((line for line in lines if not line.startswith(("%", "#"))), "")
 
 
@@ -121,4 +122,36 @@ def show_command(args: Any) -> int:
     return 0
 
 
-__all__ = ["find_run", "list_command", "show_command", "title_of"]
+
+def watch_command(args: Any) -> int:
+    """``jdist watch [RUN]``: the live view of a run while it is written (a notebook cell's, a
+    ``jdist run``'s, another launcher's), until it ends; Ctrl-C stops watching (the run goes on)."""
+    from jdist.metrics import RunReader
+
+    from .view import LiveView, PlainView
+
+    path = find_run(args.run, args.run_dir)
+    reader = RunReader(path)
+    run = reader.update()
+    live = args.live if args.live is not None else sys.stdout.isatty()
+    view: Any = LiveView(f"jdist watch {run.run_id}") if live else PlainView(every_s=args.every)
+    view.start(run)
+    seen = -1
+    try:
+        while run.status == "running":
+            time.sleep(0.25)
+            run = reader.update()
+            if run.count() != seen:
+                seen = run.count()
+                view.add(run.records[-1:])
+            view.tick()
+    except KeyboardInterrupt:
+        view.finish(run)
+        print(f"stopped watching run {run.run_id} (it goes on)", file=sys.stderr)
+        return 130
+    view.finish(run)
+    print(run.summary())
+    return 0 if run.status == "finished" else 1
+
+
+__all__ = ["find_run", "list_command", "show_command", "title_of", "watch_command"]

@@ -186,7 +186,7 @@ class ClusterSession:
 
         if not poll_until(registered, self.config.start_timeout):
             raise ClusterError(
-                f"Only {seen[0]}/{n} ranks registered within {self.config.start_timeout:.0f} s. "
+                f"Only {seen[0]}/{n} ranks registered within {self.config.start_timeout:g} s. "
                 "Try fewer ranks (-n), or a longer --start-timeout."
             )
 

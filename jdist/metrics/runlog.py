@@ -2,7 +2,8 @@
 other tools) while it is being written.
 
 ``<run dir>/<run id>/meta.json`` (:class:`jdist.protocol.RunMeta`, rewritten atomically) and
-``metrics.jsonl`` (one record per line, appended and flushed as records arrive). The run dir is
+``metrics.jsonl`` (one record per line, appended and flushed as records arrive; a run of another
+launcher has one ``metrics.r<rank>.jsonl`` per rank instead). The run dir is
 ``$JDIST_RUN_DIR``, else ``<jupyter data dir>/jdist/runs`` (:func:`default_run_dir`).
 """
 
@@ -92,7 +93,7 @@ class RunReader:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.run: Run | None = None
-        self._offset = 0
+        self._offsets: dict[str, int] = {}  # per records file: bytes read
         self._meta_stamp: tuple[int, int] | None = None
 
     def update(self) -> Run:
@@ -119,9 +120,26 @@ class RunReader:
             else:
                 for name, value in fields.items():
                     setattr(self.run, name, value)
-        records, self._offset = read_records(self.path / "metrics.jsonl", self._offset)
-        self.run.add(records)
+        names = _names(self.path)
+        for name in names:
+            if name.startswith("metrics") and name.endswith(".jsonl"):
+                records, self._offsets[name] = read_records(self.path / name, self._offsets.get(name, 0))
+                self.run.add(records)
+        failed = [n for n in names if n.startswith("failed.r") and n.endswith(".json")]
+        if failed and self.run.status != "failed":  # a rank of another launcher failed (jdist.rank.filelog)
+            first = min((json.loads((self.path / n).read_text()) for n in failed), key=lambda f: f["time"])
+            self.run.status, self.run.error = "failed", first["error"]
         return self.run
+
+
+def _names(path: Path) -> list[str]:
+    """The files of a run folder: ``meta.json``; ``metrics.jsonl`` (the kernel's run log) or, for the
+    ranks of another launcher (:mod:`jdist.rank.filelog`), ``metrics.r<rank>.jsonl`` per rank and
+    ``failed.r<rank>.json`` per rank that failed."""
+    try:
+        return sorted(p.name for p in path.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def read_records(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

@@ -14,7 +14,7 @@ Outside a cluster they raise the error that says where to call them:
     >>> log(loss=1.0)
     Traceback (most recent call last):
     ...
-    RuntimeError: jdist is not set up in this process. jdist.prepare/jdist.log run on the ranks: call them inside a %%distributed cell (after %load_ext jdist).
+    RuntimeError: jdist is not set up in this process. jdist.prepare/jdist.log run on the ranks: call them inside a %%distributed cell (after %load_ext jdist) or a script started with jdist run (jdist.log also under torchrun, srun or mpiexec).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def prepare(*objs: Any, batch_size: int | None = None, grad_accum: int | None = 
     from .data import ResumableLoader
 
     s = session()
+    if s.backend is None:
+        raise RuntimeError("jdist.prepare needs a jdist cluster (%%distributed or jdist run); under another launcher "
+                           "wrap the model yourself (e.g. DistributedDataParallel): jdist.log works there.")
     if not objs:
         raise TypeError("jdist.prepare needs at least one object, e.g. model = jdist.prepare(model)")
     if batch_size is not None:

@@ -204,14 +204,24 @@ _current: RankSession | None = None
 
 NOT_SET_UP = (
     "jdist is not set up in this process. jdist.prepare/jdist.log run on the ranks: "
-    "call them inside a %%distributed cell (after %load_ext jdist)."
+    "call them inside a %%distributed cell (after %load_ext jdist) or a script started with jdist run "
+    "(jdist.log also under torchrun, srun or mpiexec)."
 )
 
 
 def session() -> RankSession:
-    """This rank's session; RuntimeError saying where to call jdist outside a cluster."""
+    """This rank's session; RuntimeError saying where to call jdist outside a cluster.
+
+    In a process that another launcher started (torchrun, srun, mpiexec), the first call opens a
+    session that writes the run log (:mod:`jdist.rank.filelog`)."""
     if _current is None:
-        raise RuntimeError(NOT_SET_UP)
+        from .filelog import open_session
+
+        opened = open_session(lambda ctx, channel: RankSession(ctx=ctx, backend=None, spec=None, channel=channel))
+        if opened is None:
+            raise RuntimeError(NOT_SET_UP)
+        activate(opened)
+        return opened
     return _current
 
 

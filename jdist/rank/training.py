@@ -206,7 +206,8 @@ def no_sync(model: Any) -> Iterator[None]:
 
 def _require_backend(s: RankSession) -> Backend:
     if s.backend is None:
-        raise RuntimeError("jdist training helpers need a backend: call them inside a %%distributed cell.")
+        raise RuntimeError("jdist's training helpers need a jdist cluster: call them inside a %%distributed cell or a "
+                           "script run with jdist run (under another launcher only jdist.log works).")
     return s.backend
 
 
