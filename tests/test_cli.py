@@ -338,3 +338,51 @@ def test_clusters_watch_and_stop_from_another_terminal(work, monkeypatch):
         wait_for(lambda: not _engines_of(run.pid), timeout=30, what="no process of the stopped run left")
     finally:
         run.kill()
+
+
+KEEP = """import os, torch, jdist
+model = torch.nn.Linear(4, 1)
+steps_done = 0
+for step in range(5):
+    jdist.log(step=step, loss=1.0)
+    steps_done += 1
+secret = int(os.environ["RANK"]) * 10 + 7
+"""
+
+
+def test_keep_leaves_the_ranks_for_a_notebook_to_attach(work, kernel, kernel_env):
+    """jdist run --keep, then %dist attach from a real kernel: the script's globals on the same ranks,
+    a working process group, and the ranks the kernel's from then on (they end with %dist stop)."""
+    (work / "keep.py").write_text(KEEP)
+    runs = Path(kernel_env["JDIST_RUN_DIR"])
+    env = dict(os.environ, JDIST_RUN_DIR=str(runs))
+    assert "No run 'nosuchrun' offers its ranks" in kernel.run("%dist attach nosuchrun", allow_error=True).shown
+    proc = subprocess.Popen([*JDIST, "run", "-n", "2", "--keep", "5", "keep.py"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        offered = wait_for(lambda: next((p for p in list_runs(runs) if (p / "attach.json").exists()), None),
+                           timeout=120, what="the run's offer")
+        out = kernel.run(f"%dist attach {offered.name[:15]}")
+        assert "Attached 2 rank(s), backend ddp" in out.stdout
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and f"%dist attach {offered.name}" in err and "attached by the kernel" in err
+        assert not (offered / "attach.json").exists()
+        out = kernel.run("%%distributed --output all\nprint(secret, steps_done)")
+        assert sorted(out.stdout.splitlines()) == ["[rank 0] 7 5", "[rank 1] 17 5"]
+        out = kernel.run("%%distributed\nimport torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\n"
+                         "print(int(x.item()))")
+        assert out.stdout.strip() == "2"
+        status = kernel.run("%dist status").stdout
+        pids = [int(line.split()[2]) for line in status.splitlines()[2:]]
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)  # the CLI is gone, the ranks stay
+        kernel.run("%dist stop")
+        wait_for(lambda: gone(pids), timeout=30, what="the attached ranks to end with %dist stop")
+    finally:
+        proc.kill()
+
+
+def test_keep_without_attach_stops_the_ranks_after_its_time(work):
+    out = jdist("run", "-n", "2", "--keep", "0.02", "train.py", "--steps", "2")
+    assert out.returncode == 0, out.stderr
+    assert "%dist attach" in out.stderr and "not attached within 0.02 min: stopping the ranks" in out.stderr
+    assert not (only_run(work) / "attach.json").exists()

@@ -41,6 +41,9 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
         kwargs["help"] = opt.help
         parser.add_argument(*flags, **kwargs)
     _view_options(parser)
+    parser.add_argument("--keep", type=float, nargs="?", const=30.0, default=None, metavar="MINUTES",
+                        help="After the script, keep the ranks with its variables for a notebook's %%%%dist attach RUN "
+                             "on this machine (default: 30 minutes, then they stop).")
     parser.add_argument("script", help="The Python script every rank runs as __main__.")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Its arguments, passed as given.")
 

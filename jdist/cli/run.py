@@ -246,7 +246,7 @@ def run(args: Any, say: Callable[[str], None]) -> int:
             title = f"jdist run {script.name}"
             sup = CellSupervisor(cluster, script_code(script, list(args.script_args)), None, opts.output,
                                  sinks_for(opts, live, title, args.every), run_code=f"# $ {command}\n" + _text(script),
-                                 show=_show_display, rebuild=False)
+                                 show=_show_display, rebuild=args.keep is not None)
             run_ = sup.records.ensure_run()  # the run folder exists from the start: the sidebar shows it
             assert run_.path is not None
             say(f"run {run_.run_id}: {run_.path}")
@@ -264,12 +264,17 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                 if run_.records:
                     print(run_.summary(), flush=True)
                 say(f"{title}: finished on {config.n} rank(s) in {elapsed:.1f} s")
-                return code
-            lines = outcome_lines(result, config.n, [f"run log: {run_.path}  (jdist show {run_.run_id})"])
-            (run_.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
-            for line in lines:
-                print(line if sys.stderr.isatty() else _ANSI.sub("", line), file=sys.stderr)
-            say(f"{title}: {'interrupted' if code == 130 else 'FAILED'} after {elapsed:.1f} s (exit {code})")
+            else:
+                lines = outcome_lines(result, config.n, [f"run log: {run_.path}  (jdist show {run_.run_id})"])
+                (run_.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
+                for line in lines:
+                    print(line if sys.stderr.isatty() else _ANSI.sub("", line), file=sys.stderr)
+                say(f"{title}: {'interrupted' if code == 130 else 'FAILED'} after {elapsed:.1f} s (exit {code})")
+            if args.keep is not None and result.obs.death is None and not result.obs.stuck:
+                signals.armed, signals.interrupts = True, 1  # from here, Ctrl-C ends the ranks
+                busy = False
+                if offer(cluster, run_, args.keep, say):
+                    cluster.detach()  # the kernel owns them now: nothing to stop
             return code
         except Terminate as term:
             say(f"{signal.Signals(term.signum).name}: ending the ranks")
@@ -278,6 +283,41 @@ def run(args: Any, say: Callable[[str], None]) -> int:
         finally:
             signals.armed = False
             cluster.stop(busy=busy)
+
+
+def offer(cluster: Any, run: Run, minutes: float, say: Callable[[str], None]) -> bool:
+    """``--keep``: offer the ranks, with the script's globals, to a notebook's ``%dist attach`` for
+    ``minutes`` (:mod:`jdist.kernel.attach`); True once a kernel took them, False when the time is up
+    (the caller stops them). Ctrl-C or SIGTERM while waiting: :class:`Terminate`."""
+    import os
+    import socket
+
+    from jdist.kernel.attach import ACCEPTED, OFFER
+    from jdist.procs import identity
+
+    assert run.path is not None and cluster.work_dir is not None and cluster.state_file is not None
+    if cluster.launcher is None or cluster.launcher.remote:
+        say("--keep: ranks on other hosts cannot be attached yet (local-mpi only): stopping them")
+        return False
+    accepted = cluster.work_dir / ACCEPTED
+    (run.path / OFFER).write_text(json.dumps({
+        "cluster_id": cluster.cluster_id, "state_file": str(cluster.state_file), "work_dir": str(cluster.work_dir),
+        "owner": identity(os.getpid()), "host": socket.gethostname()}))
+    say(f"ranks kept with the script's variables; in a notebook on this machine: %dist attach {run.run_id}  "
+        f"(they end in {minutes:g} min unless attached; Ctrl-C ends them now)")
+    deadline = time.monotonic() + 60 * minutes
+    try:
+        while not accepted.exists():
+            if time.monotonic() > deadline:
+                say(f"--keep: not attached within {minutes:g} min: stopping the ranks")
+                return False
+            time.sleep(0.2)
+        say(f"attached by the kernel with PID {accepted.read_text().strip()}: the ranks are its now")
+        return True
+    except KeyboardInterrupt:
+        raise Terminate(signal.SIGINT) from None
+    finally:
+        (run.path / OFFER).unlink(missing_ok=True)
 
 
 def _text(script: Path, limit: int = 256 * 1024) -> str:

@@ -279,6 +279,56 @@ class ClusterSession:
             reaper_proc.terminate()
             reaper_proc.wait(5)
 
+    # -- handing a cluster over (jdist run --keep, %dist attach) -------------------------------
+    def detach(self) -> None:
+        """Forget the cluster without stopping it: a kernel attached it and owns it now (its ranks,
+        controller, launcher and private folder stay; so does the state file, which the kernel rewrote)."""
+        atexit.unregister(self.stop)
+        statefile.forget(self.state_file)
+        if self.client is not None:
+            self.client.close()
+        self.client = self.ipp = self.launcher = None
+        self.state_file = self.work_dir = None
+        self.ranks, self._engine_of_rank = [], {}
+
+    @classmethod
+    def attach(cls, state: dict[str, Any], work_dir: Path) -> ClusterSession:
+        """Take over a running cluster that its owner (``jdist run --keep``) offers: from its state
+        file (``state``) and private folder. The ranks keep their variables and from now on end
+        when this process does; this process writes the state file the sidebar reads."""
+        import json
+
+        import ipyparallel as ipp
+
+        from .launch.mpi import engine_set_launcher
+
+        table = option_table()
+        given = {k: v for k, v in state["config"].items() if k in table.by_name and v is not None}
+        self = cls(table.config(given))
+        self.work_dir = Path(work_dir)
+        saved = json.loads(Path(state["cluster_file"]).read_text())
+        saved["engines"]["class"] = engine_set_launcher()  # jdist's class: not importable by name
+        self.ipp = ipp.Cluster.from_dict(saved, shutdown_atexit=False, log_level=logging.ERROR)
+        try:
+            self.launcher = launcher_class(self.config.launcher)(self.config, self.work_dir)
+            self.launcher.attach(self.ipp)
+            self.client = self.ipp.connect_client_sync()
+            self.ranks = [RankInfo(**{k: v for k, v in entry.items() if k != "engine_id"})  # type: ignore[typeddict-item]
+                          for entry in state["ranks"]]
+            self._engine_of_rank = {entry["rank"]: entry["engine_id"] for entry in state["ranks"]}
+            if not poll_until(lambda: set(self._engine_of_rank.values()) <= set(self.client.ids), 10):
+                raise ClusterError("The ranks of the cluster to attach are not all registered with its controller.")
+            self.launcher.attach_client(self.client, self._engine_of_rank)
+            self.launcher.watch(self.ranks)
+            self.call("set_owner", os.getpid())
+        except BaseException:
+            self.detach()
+            raise
+        atexit.register(self.stop)
+        self.started_at = state.get("started_at") or time.time()
+        self.state_file = statefile.write(self)
+        return self
+
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""
         self.stop()

@@ -154,10 +154,11 @@ class DistributedMagics(Magics):
         return cluster
 
     @magic_arguments()
-    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push"],
+    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach"],
               help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
-                   "set-up cells and restores the newest checkpoint); pull NAME; push NAME.")
-    @argument("name", nargs="?", default=None, help="Variable name for pull/push.")
+                   "set-up cells and restores the newest checkpoint); pull NAME; push NAME; attach RUN (the ranks "
+                   "of a jdist run --keep).")
+    @argument("name", nargs="?", default=None, help="Variable name for pull/push; run id for attach.")
     @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
     @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself).")
     @line_magic
@@ -173,10 +174,14 @@ class DistributedMagics(Magics):
         ``%dist pull NAME``    set NAME in the notebook to [value on rank 0, rank 1, ...];
                                ``--rank R`` for the value of one rank
         ``%dist push NAME``    send the notebook's NAME to every rank (or ``--rank R``)
+        ``%dist attach RUN``   take over the ranks of ``jdist run --keep`` (run id or a unique
+                               prefix), with the script's globals; they are this kernel's from then on
         """
         args = parse_argstring(self.dist, line)
         if args.command in ("pull", "push") and not args.name:
             raise usage_error(f"%dist {args.command} needs a variable name, e.g. %dist {args.command} model_state")
+        if args.command == "attach":
+            return self._dist_attach(args)
         cluster = cl.current()
         if cluster is None:
             if args.command == "stop":
@@ -189,6 +194,21 @@ class DistributedMagics(Magics):
             return handler(cluster, args, ranks)
         except ValueError as exc:
             raise usage_error(str(exc)) from None
+
+    def _dist_attach(self, args: Any) -> None:
+        from . import attach
+
+        if not args.name:
+            raise usage_error("%dist attach needs the run id that jdist run --keep printed, e.g. %dist attach 20261125")
+        if cl.current() is not None:
+            raise usage_error("This kernel has a cluster already: %dist stop it first, then %dist attach.")
+        try:
+            cluster = attach.attach(args.name)
+        except ValueError as exc:
+            raise usage_error(f"%dist attach: {exc}") from None
+        cl.set_current(cluster)
+        _say(f"Attached {cluster.config.n} rank(s), backend {cluster.backend_label()}: the script's variables are on "
+             "the ranks; %%distributed cells run there now, and %dist stop ends them.")
 
     def _dist_status(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         _say(format_status(cluster.status()))

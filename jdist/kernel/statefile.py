@@ -125,6 +125,13 @@ def remove(path: Path | None) -> None:
         pass
 
 
+def forget(path: Path | None) -> None:
+    """Leave a state file this process wrote to the process that took its cluster over (it
+    rewrote the file: same cluster id, same name)."""
+    if path is not None:
+        _written.discard(path)
+
+
 def _remove_all() -> None:
     for path in list(_written):
         remove(path)

@@ -27,12 +27,18 @@ from jdist.protocol import Owner
 from .session import current
 
 
-def watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> None:
-    """End this rank if the kernel that started the cluster is gone (killed, crashed).
+#: The process that owns the cluster (the kernel, or ``jdist run``); :func:`set_owner` changes it.
+_owner: dict[str, Any] = {}
 
-    A kernel that exits normally stops its cluster; one that is SIGKILLed cannot. Then
+
+def watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> None:
+    """End this rank if the process that owns the cluster (a kernel, or ``jdist run``) is gone
+    (killed, crashed).
+
+    An owner that exits normally stops its cluster; one that is SIGKILLed cannot. Then
     rank 0 also ends the controller, identified by PID and start time (never by name),
-    and every rank exits, which ends the MPI job: nothing is left behind.
+    and every rank exits, which ends the MPI job: nothing is left behind. The owner can
+    change (``%dist attach`` of a ``jdist run --keep`` cluster): :func:`set_owner`.
     """
     import psutil
 
@@ -40,11 +46,12 @@ def watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> N
 
     if owner["host"] != socket.gethostname():
         return  # the kernel runs on another machine: its PID means nothing here
+    _owner.update(owner)
     pid, created = owner["controller"]
     controller = {"pid": int(pid), "create_time": created}
 
     def watch() -> None:
-        while pid_alive(owner["pid"]):
+        while pid_alive(_owner["pid"]):
             time.sleep(interval)
         if stop_controller and alive(controller):
             psutil.Process(int(pid)).terminate()
@@ -52,6 +59,11 @@ def watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> N
         os._exit(0)
 
     threading.Thread(target=watch, name="jdist-owner-watch", daemon=True).start()
+
+
+def set_owner(pid: int) -> None:
+    """The cluster now belongs to process ``pid`` of the same host (a kernel that attached it)."""
+    _owner["pid"] = int(pid)
 
 
 def end_on_sigterm(guard: Any) -> None:

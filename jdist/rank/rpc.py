@@ -31,6 +31,11 @@ def exit_process() -> None:
     process.exit_process()
 
 
+def set_owner(pid: int) -> None:
+    """The cluster now belongs to process ``pid`` (:func:`jdist.rank.process.set_owner`)."""
+    process.set_owner(pid)
+
+
 def cell_count() -> tuple[int, int]:
     """(current cell id, records logged in it) on this rank."""
     stream = session().stream
