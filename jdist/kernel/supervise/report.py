@@ -28,7 +28,7 @@ class CellResult:
     obs: Observations
     outcome: Outcome
     run: Run | None = None
-    rebuilt: dict[str, Any] | None = None  # the re-built process group (see the supervisor)
+    rebuilt: dict[str, Any] | None = None  # the re-built process group, or where released ranks waited (supervisor)
     stuck_stacks: dict[int, str] = field(default_factory=dict)
     watchdog_s: float = 0.0
     elapsed_s: float = 0.0
@@ -70,7 +70,7 @@ def fault_notes(result: CellResult) -> list[str]:
             lines.append(f"rank {r}: released because {why} ({how}).")
     if "error" in rep:
         lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
-    elif result.rebuilt:
+    elif result.rebuilt and rep.get("rebuilt", True):
         kept, lost = rep.get("kept"), rep.get("lost")
         lines.append("The process group was re-created on all ranks; variables on the ranks are kept"
                      + (f", and {kept}" if kept else "") + ".")

@@ -182,8 +182,8 @@ class CellSupervisor:
                 print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
         self.output.close()
         rebuilt = None
-        if self.rebuild and obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
-            rebuilt = rebuild_group(cluster)
+        if obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
+            rebuilt = rebuild_group(cluster) if self.rebuild else released_where(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
         return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
@@ -204,6 +204,17 @@ def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
         "released_from": {r: rep["released_from"] for r, rep in enumerate(reports) if rep["released_from"]},
         **{key: reports[0][key] for key in ("reattached", "stale", "kept", "lost")},
     }
+
+
+def released_where(cluster: ClusterSession) -> dict[str, Any] | None:
+    """Where each released rank was waiting (its guard's note), without re-building the group
+    (``jdist run``: the run ends): ``{"released_from": {rank: where}, "rebuilt": False}``."""
+    try:
+        states = cluster.call("guard_state", timeout=10)
+    except Exception:
+        return None
+    where = {r: st["released_from"] for r, st in enumerate(states) if st["released_from"]}
+    return {"released_from": where, "rebuilt": False} if where else None
 
 
 def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Sequence[int] | None = None) -> CellResult:
