@@ -104,9 +104,14 @@ def test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log(work):
     assert history.stdout.splitlines()[0].startswith("rank,") and len(history.stdout.splitlines()) == 41
 
 
-def test_the_plain_view_prints_status_lines_when_stdout_is_not_a_terminal(work):
-    out = jdist("run", "-n", "2", "--every", "0.3", "train.py", "--steps", "40", "--sleep", "0.05")
+def test_the_plain_view_prints_status_lines_when_stdout_is_not_a_terminal(work, monkeypatch):
+    # the options from a profile, as in a cell: --cluster NAME
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(work / "config"))
+    (work / "config" / "jdist").mkdir(parents=True)
+    (work / "config" / "jdist" / "clusters.toml").write_text('[pair]\nn = 2\nwatchdog = 30\n')
+    out = jdist("run", "--cluster", "pair", "--every", "0.3", "train.py", "--steps", "40", "--sleep", "0.05")
     assert out.returncode == 0, out.stderr
+    assert "Ready: 2 rank(s)" in out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("[jdist] step ")]
     assert lines, out.stdout
     assert "/40 (" in lines[0] and "loss " in lines[0] and "ms/step" in lines[0]

@@ -123,9 +123,7 @@ class FileChannel:
                 self.write_meta()
 
     def write_meta(self) -> None:
-        tmp = self.path / "meta.json.tmp"
-        tmp.write_text(json.dumps(self.meta.meta(), indent=1))
-        tmp.replace(self.path / "meta.json")
+        write_meta(self.path, self.meta)
 
     def close(self) -> None:
         with self._lock:
@@ -143,9 +141,14 @@ def end_run(path: Path, run: Any, rank: int, error: str | None) -> None:
     if rank == 0:
         run.status, run.error = ("failed", error) if error else ("finished", None)
         run.ended = now
-        tmp = path / "meta.json.tmp"
-        tmp.write_text(json.dumps(run.meta(), indent=1))
-        tmp.replace(path / "meta.json")
+        write_meta(path, run)
+
+
+def write_meta(path: Path, run: Any) -> None:
+    """``meta.json`` from ``run`` (a :class:`jdist.metrics.Run`), replaced whole: readers never see half."""
+    tmp = path / "meta.json.tmp"
+    tmp.write_text(json.dumps(run.meta(), indent=1))
+    tmp.replace(path / "meta.json")
 
 
 def open_session(make: Callable[[Any, FileChannel], Any]) -> Any:
