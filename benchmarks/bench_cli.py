@@ -1,14 +1,14 @@
 """``jdist run`` against ``torchrun`` on the same script, 2 CPU ranks, in one run (pairs interleaved).
 
 The script (written to a temporary folder) reads torchrun's environment, calls
-``init_process_group("gloo")``, wraps a small MLP in ``DistributedDataParallel`` and trains;
+``init_process_group("gloo")``, wraps an MLP in ``DistributedDataParallel`` and trains (batch 32;
+64 -> 64 -> 64 -> 1, "small", ~1.4 ms steps here, or 64 -> 1024 -> 1024 -> 1, "larger", ~12 ms);
 under ``jdist run`` it also calls ``jdist.log`` every step (with the live view's sink on: the plain
 view, as stdout is a pipe). Rows, each the median of ``--repeats`` pairs, with jdist's target:
 
 * **wall time** of the whole command, 100 steps: ``jdist run`` ≤ torchrun;
-* **per step** over 1000 steps (the loop's own clock, rank 0; jdist logging every step, torchrun
-  not logging): ratio ≤ 1.03; steps of ~2 ms on 2 shared cores vary by ±20 % from run to run, so
-  the best of the repeats is shown beside the median;
+* **step time**, 1000 small or 300 larger steps, each timed by rank 0 from the forward to after
+  ``jdist.log`` (jdist logging every step, torchrun not logging): median and mean step, ratio ≤ 1.03;
 * **failure to exit**: rank 1 raises at step 20; from the raise (a timestamp the rank writes) to the
   command's exit: ≤ torchrun's (1.4 s measured in ../shared/notes/cli-hpo.md);
 * **Ctrl-C to exit**: on a pseudo-terminal, Ctrl-C once both ranks loop (rank 0 blocked in an
@@ -37,27 +37,31 @@ BIN = Path(sys.executable).parent
 
 SCRIPT = """import os, sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-steps, fail_at, log = int(sys.argv[1]), int(sys.argv[2]), "--log" in sys.argv
+steps, fail_at, log, width = int(sys.argv[1]), int(sys.argv[2]), "--log" in sys.argv, int(sys.argv[3])
 if log:
     import jdist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(32, 64), torch.randn(32, 1)
 for step in range(5):  # warm-up, not timed
     loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
-t0 = time.perf_counter()
+times = []
 for step in range(steps):
+    t = time.perf_counter()
     loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
     if log:
         jdist.log(step=step, loss=loss.detach())
+    times.append(time.perf_counter() - t)
     if step == fail_at and rank == 1:
         open("raised_at", "w").write(repr(time.time()))
         raise ValueError("bad batch")
 if rank == 0:
-    print(f"LOOP_S {time.perf_counter() - t0:.6f}", flush=True)
+    times.sort()
+    print(f"STEP_MEDIAN_S {times[len(times) // 2]:.7f} STEP_MEAN_S {sum(times) / len(times):.7f}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -83,20 +87,30 @@ def command(kind: str, script: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "jdist", "run", "-n", "2", "--no-live", script, *args]
 
 
-def run_once(kind: str, work: Path, steps: int, fail_at: int = -1) -> dict[str, float]:
+_retried: dict[str, int] = {}
+
+
+def run_once(kind: str, work: Path, steps: int, fail_at: int = -1, width: int = 64) -> dict[str, float]:
     raised = work / "raised_at"
     raised.unlink(missing_ok=True)
     extra = ["--log"] if kind == "jdist" else []
     t0 = time.time()
-    out = subprocess.run(command(kind, "train.py", str(steps), str(fail_at), *extra), cwd=work, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(command(kind, "train.py", str(steps), str(fail_at), str(width), *extra), cwd=work,
+                         capture_output=True, text=True, timeout=300)
     t1 = time.time()
     if fail_at < 0 and out.returncode != 0:
+        if "terminate called without an active exception" in out.stderr and not _retried.get(kind):
+            # gloo's threads sometimes abort at the process's end (seen under torchrun and in CI): once more
+            _retried[kind] = _retried.get(kind, 0) + 1
+            print(f"  {kind}: aborted at its end in gloo's teardown; running it again", file=sys.stderr)
+            return run_once(kind, work, steps, fail_at, width)
         raise SystemExit(f"{kind} failed:\n{out.stdout}\n{out.stderr}")
+    _retried.pop(kind, None)
     result = {"wall_s": t1 - t0, "rc": out.returncode}
     for line in out.stdout.splitlines():
-        if line.startswith("LOOP_S"):
-            result["loop_s"] = float(line.split()[1])
+        if line.startswith("STEP_MEDIAN_S"):
+            parts = line.split()
+            result["step_median_s"], result["step_mean_s"] = float(parts[1]), float(parts[3])
     if fail_at >= 0:
         result["fail_to_exit_s"] = t1 - float(raised.read_text())
     return result
@@ -146,9 +160,12 @@ def main() -> None:
                 r = rows.setdefault(kind, {})
                 short = run_once(kind, work, 100)
                 r.setdefault("wall time, 100 steps (s)", []).append(short["wall_s"])
-                long = run_once(kind, work, 1000)
-                r.setdefault("per step, median (ms)", []).append(long["loop_s"])
-                r.setdefault("per step, best (ms)", []).append(long["loop_s"])
+                small = run_once(kind, work, 1000)
+                r.setdefault("small steps, median (ms)", []).append(1000 * small["step_median_s"])
+                r.setdefault("small steps, mean (ms)", []).append(1000 * small["step_mean_s"])
+                large = run_once(kind, work, 300, width=1024)
+                r.setdefault("larger steps, median (ms)", []).append(1000 * large["step_median_s"])
+                r.setdefault("larger steps, mean (ms)", []).append(1000 * large["step_mean_s"])
                 failed = run_once(kind, work, 100, fail_at=20)
                 r.setdefault("failure to exit (s)", []).append(failed["fail_to_exit_s"])
                 codes.setdefault(f"{kind} failure", set()).add(int(failed["rc"]))
@@ -156,18 +173,18 @@ def main() -> None:
                 r.setdefault("Ctrl-C to exit (s)", []).append(stopped["ctrl_c_to_exit_s"])
                 codes.setdefault(f"{kind} Ctrl-C", set()).add(int(stopped["rc"]))
                 print(f"  pair {i + 1} {kind}: done", file=sys.stderr)
-    targets = {"wall time, 100 steps (s)": "≤ torchrun", "per step, median (ms)": "ratio ≤ 1.03",
-               "per step, best (ms)": "ratio ≤ 1.03",
+    targets = {"wall time, 100 steps (s)": "≤ torchrun", "small steps, median (ms)": "ratio ≤ 1.03",
+               "small steps, mean (ms)": "ratio ≤ 1.03", "larger steps, median (ms)": "ratio ≤ 1.03",
+               "larger steps, mean (ms)": "ratio ≤ 1.03",
                "failure to exit (s)": "≤ torchrun", "Ctrl-C to exit (s)": "≤ 1.5 s"}
     print(f"\njdist run vs torchrun, 2 CPU ranks, median of {args.repeats} (interleaved pairs)\n")
-    print(f"{'':<28} {'torchrun':>10} {'jdist run':>10} {'ratio':>7}  target       ok")
+    print(f"{'':<30} {'torchrun':>10} {'jdist run':>10} {'ratio':>7}  target       ok")
     summary = {}
     for name, target in targets.items():
-        pick = min if "best" in name else statistics.median
-        t, j = pick(rows["torchrun"][name]), pick(rows["jdist"][name])
+        t, j = statistics.median(rows["torchrun"][name]), statistics.median(rows["jdist"][name])
         ratio = j / t
         ok = {"≤ torchrun": j <= t, "ratio ≤ 1.03": ratio <= 1.03, "≤ 1.5 s": j <= 1.5}[target]
-        print(f"{name:<28} {t:>10.3f} {j:>10.3f} {ratio:>7.2f}  {target:<12} {'yes' if ok else 'NO'}")
+        print(f"{name:<30} {t:>10.3f} {j:>10.3f} {ratio:>7.2f}  {target:<12} {'yes' if ok else 'NO'}")
         summary[name] = {"torchrun": rows["torchrun"][name], "jdist": rows["jdist"][name], "target": target, "ok": ok}
     print("\nexit codes: " + ", ".join(f"{k} {sorted(v)}" for k, v in sorted(codes.items())))
     if args.json:
