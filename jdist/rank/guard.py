@@ -92,14 +92,9 @@ class Guard:
             self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
         _watch_signals()
 
-    def note_group_sockets(self, before: set[int], subgroup: bool = False) -> None:
-        """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it).
-
-        The default group's replace those of the groups before it; a ``subgroup``'s (``new_group``,
-        also DeepSpeed's and FSDP's own) are added, so that a rank blocked in a subgroup's
-        collective is released too."""
-        if not subgroup:
-            self.group_fds, self.group_ports = set(), set()
+    def note_group_sockets(self, before: set[int]) -> None:
+        """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it)."""
+        self.group_fds, self.group_ports = set(), set()
         for fd in socket_fds() - before:
             with _borrow(fd) as sock:
                 if sock is None:
@@ -108,8 +103,7 @@ class Guard:
                     self.group_ports.add(sock.getsockname()[1])
                 else:
                     self.group_fds.add(fd)
-        if not subgroup:
-            self.broken = self.released_from = None
+        self.broken = self.released_from = None
 
     def write_sample(self) -> None:
         """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename), or

@@ -74,33 +74,6 @@ def init_process_group(ctx: RankContext) -> None:
     ctx._store = store  # type: ignore[attr-defined]  # keep it alive as long as the group
     if ctx.guard is not None:
         ctx.guard.note_group_sockets(before)
-        _note_subgroups(ctx.guard)
-
-
-def _note_subgroups(guard: Any) -> None:
-    """Have the guard note the sockets of every group made later (``new_group``: the user's,
-    DeepSpeed's, FSDP's). Every way torch makes a group goes through ``_new_process_group_helper``,
-    which torch looks up in its module at each call."""
-    from torch.distributed import distributed_c10d as c10d
-
-    from ..guard import socket_fds
-
-    real = c10d._new_process_group_helper
-    if getattr(real, "jdist_guard", None) is not None:
-        real.jdist_guard[0] = guard  # type: ignore[attr-defined]
-        return
-    current = [guard]
-
-    def helper(*args: Any, **kwargs: Any) -> Any:
-        before = socket_fds()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            if c10d.is_initialized():  # (the default group's own creation notes its sockets itself)
-                current[0].note_group_sockets(before, subgroup=True)
-
-    helper.jdist_guard = current  # type: ignore[attr-defined]
-    c10d._new_process_group_helper = helper
 
 
 def _tcp_store(ctx: RankContext) -> Any:
