@@ -25,20 +25,22 @@ IN_FEATURES, HIDDEN, CLASSES, BATCH = 64, 256, 10, 64
 LR = 0.05
 
 
-def build(rank: int, steps: int, seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The MLP (64 -> 256 -> 256 -> 10, same initial weights on every rank) and ``steps`` batches of 64.
+def build(rank: int, steps: int, seed: int = 0, device: str = "cpu", hidden: int = HIDDEN,
+          batch: int = BATCH) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The MLP (64 -> hidden -> hidden -> 10, same initial weights on every rank) and ``steps`` batches.
 
-    Each rank gets its own synthetic data (seed + 1 + rank), as with a sharded data set.
+    Each rank gets its own synthetic data (seed + 1 + rank), as with a sharded data set; model and
+    data are on ``device`` (``benchmarks/bench_gpu.py`` passes ``"cuda"`` and larger sizes).
     """
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     model = nn.Sequential(
-        nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES)
+        nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES)
     )
     g = torch.Generator().manual_seed(seed + 1 + rank)
-    x = torch.randn(steps, BATCH, IN_FEATURES, generator=g)
-    y = torch.randint(0, CLASSES, (steps, BATCH), generator=g)
-    return model, x, y
+    x = torch.randn(steps, batch, IN_FEATURES, generator=g)
+    y = torch.randint(0, CLASSES, (steps, batch), generator=g)
+    return model.to(device), x.to(device), y.to(device)
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -72,11 +74,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=220, help="steps in total (warm-up included)")
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes the per-rank step times to")
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, the local rank's GPU)")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help=f"hidden width (default {HIDDEN})")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"batch size (default {BATCH})")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:
+        import os
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model, x, y = build(rank, args.steps)
+    model, x, y = build(rank, args.steps, device="cuda" if cuda else "cpu", hidden=args.hidden, batch=args.batch)
     model = DDP(model)
     times, last_loss = train(model, x, y)
     gathered: list[Any] = [None] * world_size

@@ -238,6 +238,12 @@ def backend_specs() -> dict[str, BackendSpec]:
     return _load_specs(BACKENDS_GROUP, BackendSpec)
 
 
+#: Said when no plugin of jdist's own is found: the package is importable but its entry points are not
+#: registered (a checkout on ``sys.path`` or ``PYTHONPATH`` rather than an installed distribution).
+NOT_INSTALLED = ("jdist's backends and launchers are not registered: jdist is importable but not installed. "
+                 "Install it with `pip install -e .` in the checkout (or `pip install jdist`).")
+
+
 def available_backends() -> list[str]:
     """Names accepted by ``--backend``, sorted."""
     return sorted(backend_specs())
@@ -254,8 +260,9 @@ def backend_spec(name: str) -> BackendSpec:
     try:
         return backend_specs()[name]
     except KeyError:
+        names = available_backends()
         raise ValueError(
-            f"Unknown backend {name!r}. Use --backend with one of: {', '.join(available_backends())}."
+            f"Unknown backend {name!r}. Use --backend with one of: {', '.join(names)}." if names else NOT_INSTALLED
         ) from None
 
 
@@ -269,8 +276,9 @@ def launcher_class(name: str) -> type:
     try:
         ep = _entry_points(LAUNCHERS_GROUP)[name]
     except KeyError:
+        names = available_launchers()
         raise ValueError(
-            f"Unknown launcher {name!r}. Use --launcher with one of: {', '.join(available_launchers())}."
+            f"Unknown launcher {name!r}. Use --launcher with one of: {', '.join(names)}." if names else NOT_INSTALLED
         ) from None
     return ep.load()
 

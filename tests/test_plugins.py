@@ -48,6 +48,19 @@ def test_missing_horovod_is_named_in_a_fresh_interpreter():
     assert out.stdout.startswith("Horovod is not installed in this environment.") and "--backend ddp" in out.stdout
 
 
+def test_a_checkout_on_the_path_that_is_not_installed_says_how_to_install_it():
+    # Seen on the GPU machine: the checkout on sys.path through a .pth file, without jdist's dist-info,
+    # said "Use --backend with one of: ." No entry points are found then (simulated in a fresh interpreter).
+    code = ("import jdist.plugins as p\n"
+            "p.entry_points = lambda group: []\n"
+            "for f in (p.backend_spec, p.launcher_class):\n"
+            "    try: f('ddp')\n"
+            "    except ValueError as e: print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and all("not installed" in l and "pip install -e ." in l for l in lines), out.stdout
+
+
 BACKEND_PACKAGE = textwrap.dedent('''
     """A backend of one's own: DDP, counting the hooks jdist calls (a DeepSpeed-like engine
     would run its own backward, step and checkpoints there)."""
