@@ -62,10 +62,13 @@ _LAZY = {
     "AccelerateTracker": "jdist.rank.integrations.accelerate",
     "deepspeed_config": "jdist.rank.backends.deepspeed",
     "hf_deepspeed_config": "jdist.rank.backends.deepspeed",
+    "should_prune": "jdist.rank.tune",
     # kernel
     "load_ipython_extension": "jdist.kernel.magics",  # %load_ext jdist
     "last_run": "jdist.kernel.sinks",
     "runs": "jdist.kernel.sinks",
+    "tune": "jdist.kernel.tune",
+    "last_sweep": "jdist.kernel.tune",
     # anywhere
     "Run": "jdist.metrics",
     "read_run": "jdist.metrics",

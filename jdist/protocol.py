@@ -9,7 +9,9 @@ from -> to             what                                        types here
 kernel -> ranks        set-up options; remote calls                :class:`SetupConfig`, :class:`RankCall`
 ranks -> kernel        rank description (reply to ``setup``)       :class:`RankInfo`
 ranks -> kernel        data messages on IOPub (``data_pub``)       :data:`DataMessage` (records,
-                                                                   progress, cell end, checkpoints)
+                                                                   progress, cell end, checkpoints,
+                                                                   a sweep's trial requests)
+kernel -> ranks        answers to a trial (engine control channel) ``jdist_tune_reply`` (jdist.rank.tune)
 kernel -> server       cluster state file (0600 JSON)              :class:`ClusterState`
 kernel -> server       run folders (``meta.json`` + records)       :class:`RunMeta`, :data:`Record`
 server -> browser      REST replies                                :class:`ClusterModel`, :class:`RunSummaryModel`,
@@ -168,8 +170,24 @@ class CheckpointSavedMessage(TypedDict):
     step: int
 
 
-DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage]
-_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved"}
+class TuneMessage(TypedDict):
+    """A trial of ``jdist.tune`` to the kernel's study (slot rank 0): ``op`` "suggest" (payload name,
+    kind, args) and "should_prune" wait for the kernel's answer on the engine's control channel
+    (``{"trial", "seq", "value"}`` or ``"error"``); "report" (value, step), "user_attr" (key, value)
+    and "result" (value) do not."""
+
+    v: int
+    kind: Literal["tune"]
+    cell: int
+    trial: int
+    op: Literal["suggest", "should_prune", "report", "user_attr", "result"]
+    seq: int
+    payload: dict[str, Any]
+
+
+DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,
+                    TuneMessage]
+_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune"}
 
 
 def parse_message(payload: Any) -> DataMessage | None:

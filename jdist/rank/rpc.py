@@ -101,3 +101,34 @@ def restore_latest(directory: str, names: dict[str, str | None], every: int, kee
     from .checkpoint import restore_latest as restore
 
     return restore(directory, names, every, keep)
+
+
+def has_function(name: str) -> bool:
+    """Whether ``name`` is a function in this rank's cell namespace (``jdist.tune``'s objective)."""
+    from .namespace import user_ns
+
+    return callable(user_ns().get(name))
+
+
+def tune_enter(per_trial: int) -> dict[str, int]:
+    """A sweep starts: slots of ``per_trial`` ranks as default groups (:func:`jdist.rank.tune.enter_slots`)."""
+    from . import tune
+
+    return tune.enter_slots(per_trial)
+
+
+def tune_leave() -> dict[str, Any]:
+    """The sweep ended (:func:`jdist.rank.tune.leave_slots`): the world group again, the models prepared
+    before the sweep re-attached to it (:func:`rebuild_group`'s answer)."""
+    from . import tune
+
+    if tune.leave_slots() and session().backend is not None:
+        return rebuild_group()
+    return {"reattached": [], "stale": [], "kept": None, "lost": None, "released_from": None}
+
+
+def tune_repair() -> None:
+    """A new group for this slot after a trial broke it (:func:`jdist.rank.tune.repair_slot`)."""
+    from . import tune
+
+    tune.repair_slot()

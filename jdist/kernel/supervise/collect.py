@@ -24,8 +24,11 @@ class RecordCollector:
     """Main thread only (sinks may be widgets)."""
 
     def __init__(self, cluster: ClusterSession, code: str, sinks: Callable[[Run], list[RecordSink]],
-                 on_checkpoint: Callable[[DataMessage], None] | None = None):
+                 on_checkpoint: Callable[[DataMessage], None] | None = None, ranks: Sequence[int] | None = None):
+        """``ranks``: the ranks the run has (default the cluster's; a sweep's trial: its slot's ranks,
+        numbered from 0 in its records)."""
         self.cluster = cluster
+        self.world_ranks = list(ranks) if ranks is not None else None
         self.code = code
         self.make_sinks = sinks
         self.on_checkpoint = on_checkpoint  # rank 0's checkpoint_every / checkpoint_saved messages
@@ -40,7 +43,10 @@ class RecordCollector:
         if self.run is None:
             cfg = self.cluster.config
             hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
-            self.run = Run(run_id=new_run_id(), world_size=cfg.n, backend=cfg.backend,
+            if self.world_ranks is not None:
+                hosts = {i: hosts[r] for i, r in enumerate(self.world_ranks) if r in hosts}
+            world_size = cfg.n if self.world_ranks is None else len(self.world_ranks)
+            self.run = Run(run_id=new_run_id(), world_size=world_size, backend=cfg.backend,
                            device_kind="cuda" if cfg.gpus else "cpu", code=self.code,
                            cluster_id=self.cluster.cluster_id,
                            hosts=hosts if len(set(hosts.values())) > 1 else {})

@@ -63,6 +63,7 @@ class RankContext:
     work_dir: str | None = None  # private folder of the cluster (0700): process-group store, stacks
     port: int | None = None  # fixed TCP rendezvous port (--port); None: a file store in work_dir
     generation: int = 0  # how many times the process group was re-created
+    store_tag: str = ""  # names the group's file store apart from others' (a sweep's slots: jdist.rank.tune)
     #: The rank's guard (:class:`jdist.rank.guard.Guard`): a backend that opens a process group
     #: registers its sockets there (``guard.note_group_sockets``) so a blocked collective can be released.
     guard: Any = None

@@ -64,7 +64,7 @@ def init_process_group(ctx: RankContext) -> None:
     before = socket_fds()
     store: Any
     if ctx.port is None and ctx.single_host and ctx.work_dir:
-        path = os.path.join(ctx.work_dir, f"store-{ctx.generation}")
+        path = os.path.join(ctx.work_dir, f"store-{ctx.store_tag}{ctx.generation}")
         store = dist.FileStore(path, ctx.world_size)
     else:
         store = _tcp_store(ctx)
@@ -119,7 +119,7 @@ def recreate_process_group(ctx: RankContext) -> Any:
     ctx.comm.Barrier()  # every rank has let go of the old group before the new one forms
     if ctx.rank == 0 and ctx.work_dir:
         try:
-            os.unlink(os.path.join(ctx.work_dir, f"store-{old}"))
+            os.unlink(os.path.join(ctx.work_dir, f"store-{ctx.store_tag}{old}"))
         except FileNotFoundError:
             pass
     init_process_group(ctx)

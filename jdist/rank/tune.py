@@ -1,0 +1,304 @@
+"""A sweep's trials on the ranks: slots of ranks, each slot the torch default process group.
+
+``jdist.tune`` in the kernel (:mod:`jdist.kernel.tune`) tiles the world into slots of ``per_trial``
+ranks (:func:`enter_slots`, collective over MPI): on each rank the default process group becomes
+its slot's, so DDP, FSDP and a ``dist.all_reduce`` without ``group=`` stay inside the trial. The
+kernel then runs one trial per slot at a time (:func:`run_trial`, sent as a cell to the slot's
+ranks), and gives the world group back at the end (:func:`leave_slots`, the models prepared before
+the sweep re-attached).
+
+The objective gets a :class:`Trial`: ``suggest_*`` asks the kernel's Optuna trial (slot rank 0
+asks, the slot's other ranks get the same value over MPI), ``report`` and ``jdist.log`` feed the
+pruner, ``should_prune`` is collective (every rank of the slot gets the same answer at the same
+call). Requests travel as data messages on the rank's IOPub channel; the kernel answers on the
+engine's control channel (both signed by ipyparallel's session key; no socket of jdist's own).
+
+On the ranks, inside an objective::
+
+    def objective(trial):
+        lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)   # the same value on every rank of the slot
+        ...
+        jdist.log(step=step, val_loss=v)
+        if jdist.should_prune():                                 # collective within the slot
+            return v
+        return v
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import time
+from typing import Any, Callable
+
+from jdist.protocol import PROTOCOL_VERSION, TuneMessage
+
+from .session import session
+
+#: The control-channel message type the kernel answers with (see the module doc).
+REPLY_TYPE = "jdist_tune_reply"
+#: How long a rank waits for the kernel's answer to a request before raising.
+ANSWER_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class Slot:
+    """This rank's slot while a sweep runs."""
+
+    index: int
+    size: int
+    comm: Any  # the slot's MPI communicator
+    world_ctx: Any  # the RankContext of the world, given back by leave_slots
+    sweep: int
+    replies: queue.Queue = dataclasses.field(default_factory=queue.Queue)
+
+
+_slot: Slot | None = None
+_trial: Trial | None = None
+_sweeps = 0
+
+
+def enter_slots(per_trial: int) -> dict[str, int]:
+    """Make this rank's slot (ranks ``r // per_trial``) the default process group; collective on every rank.
+
+    Models prepared before stay in the namespace but cannot synchronise until :func:`leave_slots`.
+    """
+    global _slot, _sweeps
+    from .backends.torch_group import destroy_process_group, init_process_group
+
+    s = session()
+    world = s.ctx
+    if _slot is not None:
+        raise RuntimeError("A sweep's slots are already set up on this rank (jdist.tune is running).")
+    if per_trial < 1 or world.world_size % per_trial:
+        raise ValueError(f"per_trial={per_trial} does not divide the {world.world_size} ranks into slots.")
+    if world.comm is None:
+        raise RuntimeError("jdist.tune needs MPI ranks (a %%distributed cluster).")
+    _sweeps += 1
+    index = world.rank // per_trial
+    comm = world.comm.Split(index, world.rank)
+    world.comm.Barrier()  # every rank leaves the world group together
+    destroy_process_group()
+    ctx = dataclasses.replace(world, rank=comm.Get_rank(), world_size=per_trial, comm=comm,
+                              store_tag=f"sweep{_sweeps}-slot{index}-")
+    init_process_group(ctx)
+    _use_ctx(s, ctx)
+    _slot = Slot(index, per_trial, comm, world, _sweeps)
+    _control_handlers()[REPLY_TYPE] = _on_reply
+    return {"slot": index, "slot_rank": ctx.rank}
+
+
+def leave_slots() -> bool:
+    """End the slots: the slot's group is destroyed and the world's context is back; the caller then
+    forms the world group again (:func:`jdist.rank.rpc.tune_leave`). False if no sweep ran here."""
+    global _slot
+    from .backends.torch_group import destroy_process_group
+
+    s = session()
+    slot = _slot
+    if slot is None:
+        return False
+    _control_handlers().pop(REPLY_TYPE, None)
+    try:
+        destroy_process_group()
+    except Exception:  # a group a trial broke may complain while shutting down; it is gone either way
+        pass
+    _remove_stores(s.ctx)
+    _use_ctx(s, slot.world_ctx)
+    _slot = None
+    slot.comm.Free()
+    return True
+
+
+def repair_slot() -> None:
+    """A new process group for this slot after a trial broke it (a release, a failed collective);
+    collective over the slot's ranks."""
+    from .backends.torch_group import recreate_process_group
+
+    _require_slot()
+    recreate_process_group(session().ctx)
+
+
+def _use_ctx(s: Any, ctx: Any) -> None:
+    s.ctx = ctx
+    if s.backend is not None and hasattr(s.backend, "ctx"):
+        s.backend.ctx = ctx
+
+
+def _remove_stores(ctx: Any) -> None:
+    if ctx.rank == 0 and ctx.work_dir and ctx.store_tag:
+        for name in os.listdir(ctx.work_dir):
+            if name.startswith(f"store-{ctx.store_tag}"):
+                try:
+                    os.unlink(os.path.join(ctx.work_dir, name))
+                except FileNotFoundError:
+                    pass
+
+
+def _require_slot() -> Slot:
+    if _slot is None:
+        raise RuntimeError("No sweep runs on this rank: trials run through jdist.tune(...) in the notebook.")
+    return _slot
+
+
+# -- the kernel's answers: on the engine's control thread ----------------------------------------
+def _control_handlers() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        raise RuntimeError("jdist.tune runs trials on ipyparallel engines; this rank has no engine kernel.")
+    return kernel.control_handlers
+
+
+def _on_reply(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+    from IPython import get_ipython
+
+    slot = _slot
+    if slot is not None:
+        slot.replies.put(parent["content"])
+    kernel = get_ipython().kernel
+    kernel.session.send(stream, REPLY_TYPE + "_ack", {"status": "ok"}, parent, ident=ident)
+
+
+# -- trials --------------------------------------------------------------------------------------
+class Trial:
+    """What the objective gets on every rank of its slot: Optuna's ``Trial`` methods that a
+    distributed objective uses, answered by the kernel's study.
+
+    ``number`` and ``params`` are the kernel's trial's; ``suggest_float/int/categorical`` give
+    every rank of the slot the same value; ``report(value, step)`` feeds the pruner (slot rank 0's
+    value); ``should_prune()`` is collective; ``set_user_attr`` keeps a value with the trial.
+    """
+
+    def __init__(self, number: int, slot: Slot):
+        self.number = number
+        self.params: dict[str, Any] = {}
+        self._slot = slot
+        self._seq = 0
+
+    # -- suggestions: slot rank 0 asks, the slot agrees over MPI
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float:
+        return self._suggest(name, "float", low=low, high=high, step=step, log=log)
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        return self._suggest(name, "int", low=low, high=high, step=step, log=log)
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        return self._suggest(name, "categorical", choices=list(choices))
+
+    def suggest_uniform(self, name: str, low: float, high: float) -> float:
+        return self.suggest_float(name, low, high)
+
+    def suggest_loguniform(self, name: str, low: float, high: float) -> float:
+        return self.suggest_float(name, low, high, log=True)
+
+    def _suggest(self, name: str, kind: str, **args: Any) -> Any:
+        if name in self.params:
+            return self.params[name]
+        value = self._ask("suggest", {"name": name, "kind": kind, "args": args})
+        self.params[name] = value
+        return value
+
+    def report(self, value: float, step: int) -> None:
+        """Give the pruner ``value`` at ``step`` (slot rank 0's is used; ``jdist.log`` of the sweep's
+        ``metric`` does the same)."""
+        if self._slot.comm.Get_rank() == 0:
+            self._send("report", {"value": float(value), "step": int(step)})
+
+    def should_prune(self) -> bool:
+        """Whether the kernel's pruner stops this trial now: collective, the same answer on every rank
+        of the slot. The records logged so far reach the kernel first."""
+        session().publish_due()
+        return bool(self._ask("should_prune", {}))
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        if self._slot.comm.Get_rank() == 0:
+            self._send("user_attr", {"key": key, "value": value})
+
+    # -- transport
+    def _send(self, op: str, payload: dict[str, Any]) -> int:
+        s = session()
+        self._seq += 1
+        message: TuneMessage = {"v": PROTOCOL_VERSION, "kind": "tune", "cell": s.stream.cell, "trial": self.number,
+                                "op": op, "seq": self._seq, "payload": payload}
+        s.publish(message)
+        return self._seq
+
+    def _ask(self, op: str, payload: dict[str, Any]) -> Any:
+        """Slot rank 0 asks the kernel and waits for its answer; every rank of the slot gets it."""
+        comm = self._slot.comm
+        answer: Any = None
+        error: str | None = None
+        if comm.Get_rank() == 0:
+            seq = self._send(op, payload)
+            try:
+                answer = self._wait(seq)
+            except RuntimeError as exc:
+                error = str(exc)
+        answer, error = comm.bcast((answer, error), root=0)
+        if error is not None:
+            raise RuntimeError(error)
+        return answer
+
+    def _wait(self, seq: int) -> Any:
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"trial {self.number}: the kernel did not answer within {ANSWER_TIMEOUT_S:g} s "
+                                   "(is jdist.tune still running in the notebook?)")
+            try:
+                reply = self._slot.replies.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if reply.get("trial") == self.number and reply.get("seq") == seq:
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply.get("value")
+
+
+def run_trial(number: int, objective: str | Callable[[Trial], Any]) -> None:
+    """Run trial ``number`` of the sweep on this slot: ``objective`` (a function, or its name in the
+    cell namespace) gets a :class:`Trial`; slot rank 0 sends the value it returns to the kernel."""
+    global _trial
+    from .namespace import get
+
+    slot = _require_slot()
+    fn = get(objective) if isinstance(objective, str) else objective
+    if not callable(fn):
+        raise TypeError(f"jdist.tune: {objective!r} on the ranks is a {type(fn).__name__}, not a function of one trial.")
+    trial = _trial = Trial(number, slot)
+    try:
+        value = fn(trial)
+    finally:
+        _trial = None
+    if slot.comm.Get_rank() == 0:
+        trial._send("result", {"value": _as_value(value)})
+
+
+def _as_value(value: Any) -> float | list[float] | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def current_trial() -> Trial:
+    """The trial running on this rank (inside an objective run by ``jdist.tune``)."""
+    if _trial is None:
+        raise RuntimeError("jdist.should_prune() is called inside an objective that jdist.tune(...) runs.")
+    return _trial
+
+
+def should_prune() -> bool:
+    """Whether the sweep's pruner stops the running trial now; collective over its slot's ranks.
+
+    >>> import jdist
+    >>> jdist.should_prune()   # doctest: +SKIP
+    False
+    """
+    return current_trial().should_prune()

@@ -1,0 +1,182 @@
+"""``jdist.tune`` (jdist/kernel/tune.py, jdist/rank/tune.py): a real Optuna study driven from a real
+kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups), one cluster for the module."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import KernelSession, wait_for
+
+optuna = pytest.importorskip("optuna", reason="jdist[tune] is installed by make test")
+
+OBJECTIVES = """%%distributed -n 4 --backend ddp --timeout 20
+import time, torch, torch.nn as nn, torch.distributed as dist
+before = jdist.prepare(nn.Linear(4, 1))        # prepared in the world group, before any sweep
+pruned_at = {}
+
+def inside(trial):
+    # no group= anywhere: the slot is the default group
+    t = torch.tensor([float(trial.number + 1)])
+    dist.all_reduce(t)
+    model = jdist.prepare(nn.Linear(4, 1))
+    model(torch.ones(2, 4)).sum().backward()   # DDP's gradient all-reduce, inside the slot
+    return float(t) * 1000 + dist.get_world_size() * 10 + dist.get_rank() * 0
+
+def prunable(trial):
+    x = trial.suggest_float("x", 0.0, 10.0)
+    for step in range(30):
+        t = torch.ones(1); dist.all_reduce(t)
+        jdist.log(step=step, val=x)
+        time.sleep(0.02 * (dist.get_rank() + 1))   # the ranks of a slot run at different speeds
+        if jdist.should_prune():
+            pruned_at[trial.number] = step
+            return x
+    return x
+
+def faulty(trial):
+    x = trial.suggest_int("x", 0, 10)
+    t = torch.ones(1)
+    if x == 2 and dist.get_rank() == 1:
+        raise ValueError("boom in trial two")
+    if x == 3 and dist.get_rank() == 1:
+        time.sleep(600)                           # a hang: rank 0 waits in the all_reduce below
+    dist.all_reduce(t)
+    return float(x)
+
+def slow(trial):
+    x = trial.suggest_float("x", 0.0, 1.0)
+    for _ in range(10):
+        time.sleep(0.05)
+    return x
+"""
+
+
+@pytest.fixture(scope="module")
+def tk(kernel: KernelSession) -> KernelSession:
+    kernel.run(OBJECTIVES)
+    kernel.run("import optuna")
+    return kernel
+
+
+def _states(tk: KernelSession, expr: str = "study") -> dict[int, str]:
+    return {n: s for n, s in tk.value(f"[(t.number, t.state.name) for t in {expr}.trials]")}
+
+
+def test_each_slot_is_the_default_group_and_the_world_comes_back(tk):
+    out = tk.run("study = jdist.tune('inside', trials=6, per_trial=2)")
+    assert "Sweep done" in out.stdout and "6 complete" in out.stdout, out.stdout
+    values = tk.value("[(t.number, t.value) for t in study.trials]")
+    # all_reduce without group= summed the 2 ranks of the trial's slot only, world size 2
+    assert {n: v for n, v in values} == {n: (n + 1) * 2 * 1000 + 20 for n, _ in values}
+    # the world group after the sweep: 4 ranks, and the model prepared before it synchronises there
+    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\n"
+                 "before(torch.ones(2, 4)).sum().backward()\nprint(dist.get_world_size(), float(t))")
+    assert out.stdout.strip() == "4 4.0"
+    df = tk.value("jdist.last_sweep()[['number', 'state', 'slot']].values.tolist()")
+    assert {slot for _, _, slot in df} == {0, 1}  # both slots ran trials
+
+
+def test_a_pruned_trial_stops_on_both_ranks_of_its_slot_at_the_same_step(tk):
+    tk.run("pstudy = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=5.0, n_warmup_steps=3))\n"
+           "for x in (9.0, 1.0, 8.0, 2.0):\n    pstudy.enqueue_trial({'x': x})")
+    tk.run("%%distributed\npruned_at.clear()")
+    out = tk.run("jdist.tune('prunable', trials=4, per_trial=2, metric='val', study=pstudy)")
+    assert "2 complete, 2 pruned" in out.stdout, out.stdout
+    states = _states(tk, "pstudy")
+    xs = dict(tk.value("[(t.number, t.params['x']) for t in pstudy.trials]"))
+    assert {n for n, s in states.items() if s == "PRUNED"} == {n for n, x in xs.items() if x > 5}
+    tk.run("%dist pull pruned_at")
+    per_rank = tk.value("pruned_at")  # one dict per rank: trial -> step it stopped at
+    slots = dict(tk.value("[(t.number, t.user_attrs['jdist_slot']) for t in pstudy.trials]"))
+    for n, s in states.items():
+        if s != "PRUNED":
+            continue
+        ranks = [2 * slots[n], 2 * slots[n] + 1]
+        steps = {per_rank[r].get(n) for r in ranks}
+        assert len(steps) == 1 and None not in steps, (n, per_rank)
+        assert steps.pop() >= 3  # not before the pruner's warm-up
+
+
+def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_on(tk):
+    tk.run("fstudy = optuna.create_study()\nfor x in (1, 2, 3, 4, 5, 6):\n    fstudy.enqueue_trial({'x': x})")
+    t0 = time.monotonic()
+    out = tk.run("jdist.tune('faulty', trials=6, per_trial=2, study=fstudy, trial_timeout=4)", timeout=120)
+    assert "4 complete, 2 fail" in out.stdout, out.stdout
+    rows = {n: (s, e) for n, s, e in tk.value(
+        "[(t.number, t.state.name, t.user_attrs.get('jdist_error')) for t in fstudy.trials]")}
+    by_x = dict(tk.value("[(t.params['x'], t.number) for t in fstudy.trials]"))
+    assert rows[by_x[2]][0] == "FAIL" and "ValueError: boom in trial two" in rows[by_x[2]][1]
+    assert rows[by_x[2]][1].startswith("rank 1:") or rows[by_x[2]][1].startswith("rank 3:")
+    assert rows[by_x[3]] == ("FAIL", "timed out after 4 s")
+    assert all(rows[by_x[x]][0] == "COMPLETE" for x in (1, 4, 5, 6))
+    assert "boom in trial two" in tk.value(f"fstudy.trials[{by_x[2]}].user_attrs['jdist_traceback']")
+    assert time.monotonic() - t0 < 60
+    # the repaired slots work: a plain cell on the world group afterwards
+    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(float(t))")
+    assert out.stdout.strip() == "4.0"
+
+
+def _completed(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    try:
+        study = optuna.load_study(study_name="resumable", storage=storage)
+    except KeyError:
+        return 0
+    return sum(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, kernel_env):
+    journal = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps" / "resumable" / "journal.log"
+    msg = tk.start("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable')")
+    wait_for(lambda: _completed(journal) >= 4, timeout=60, what="4 trials of the sweep completed")
+    tk.km.interrupt_kernel()
+    out = tk.collect(msg, timeout=60)
+    assert "Sweep interrupted" in out.stdout and "resume=True" in out.stdout, out.stdout + out.traceback
+    done = tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)")
+    assert 4 <= done < 40
+    interrupted = tk.value("sum(bool(t.user_attrs.get('jdist_interrupted')) for t in study.trials)")
+    assert tk.value("[t.state.name for t in study.trials if t.user_attrs.get('jdist_interrupted')]") == ["FAIL"] * interrupted
+    out = tk.run("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable', resume=True)")
+    assert "Sweep done" in out.stdout, out.stdout
+    assert tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)") == 40
+    assert tk.value("len(study.trials)") == 40 + interrupted
+    # the journal is Optuna's own: Optuna reads the same study back
+    assert tk.value("len(optuna.load_study(study_name='resumable', storage=optuna.storages.JournalStorage("
+                    "optuna.storages.journal.JournalFileBackend(str(jdist.kernel.tune.sweeps_dir() / "
+                    "'resumable' / 'journal.log')))).trials)") == 40 + interrupted
+
+
+def test_bad_input_says_the_fix(tk):
+    out = tk.run("jdist.tune('inside', trials=2, per_trial=3)", allow_error=True)
+    assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in out.error["evalue"]
+    out = tk.run("jdist.tune('nothing_here', trials=2)", allow_error=True)
+    assert "no function 'nothing_here' on rank(s) [0, 1, 2, 3]" in out.error["evalue"]
+    out = tk.run("jdist.tune('inside', trials=2, pruner='sometimes')", allow_error=True)
+    assert "pruner='sometimes': use one of asha, median, hyperband, none" in out.error["evalue"]
+    out = tk.run("jdist.tune('inside', trials=2, name='resumable')", allow_error=True)
+    assert "pass resume=True" in out.error["evalue"]
+    out = tk.run("jdist.tune('inside', trials=2, resume=True, name='never-ran')", allow_error=True)
+    assert "no sweep called 'never-ran'" in out.error["evalue"]
+
+
+def test_fsdp_trains_inside_the_slots(tk):
+    tk.run("%%distributed --backend fsdp --restart\nimport torch, torch.nn as nn, torch.distributed as dist\n"
+           "def sharded(trial):\n"
+           "    lr = trial.suggest_float('lr', 0.01, 0.1)\n"
+           "    torch.manual_seed(0)\n"
+           "    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+           "    model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=lr))\n"
+           "    for step in range(3):\n"
+           "        loss = model(torch.ones(4, 8)).square().mean(); jdist.backward(loss); opt.step(); opt.zero_grad()\n"
+           "    shard = sum(p.to_local().numel() for p in model.parameters())\n"
+           "    return dist.get_world_size() * 1000 + shard")
+    out = tk.run("study = jdist.tune('sharded', trials=2, per_trial=2)")
+    assert "2 complete" in out.stdout, out.stdout
+    # each trial's model is sharded over its slot's 2 ranks, not the world's 4: FSDP splits every
+    # parameter along dim 0, so slot rank 0 holds 8 of the 16 rows of each 16-row tensor (8 x 8 + 8)
+    # and the whole 1-row ones (16 + 1): 89 values; over 4 ranks it would hold 53
+    assert {int(v) for v in tk.value("[t.value for t in study.trials]")} == {2000 + 89}
