@@ -173,14 +173,14 @@ class CheckpointSavedMessage(TypedDict):
 class TuneMessage(TypedDict):
     """A trial of ``jdist.tune`` to the kernel's study (slot rank 0): ``op`` "suggest" (payload name,
     kind, args) and "should_prune" wait for the kernel's answer on the engine's control channel
-    (``{"trial", "seq", "value"}`` or ``"error"``); "report" (value, step), "user_attr" (key, value)
-    and "result" (value) do not."""
+    (``{"trial", "seq", "value"}`` or ``"error"``); "started" (time, repaired), "report" (value,
+    step) and "user_attr" (key, value) do not. The trial's value is the reply to its ``apply``."""
 
     v: int
     kind: Literal["tune"]
     cell: int
     trial: int
-    op: Literal["suggest", "should_prune", "report", "user_attr", "result"]
+    op: Literal["started", "suggest", "should_prune", "report", "user_attr"]
     seq: int
     payload: dict[str, Any]
 

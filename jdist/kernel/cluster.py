@@ -376,6 +376,13 @@ class ClusterSession:
             self.launcher.cell_started()
         return view.execute(code, silent=False, block=False)
 
+    def apply_async(self, fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None) -> Any:
+        """Send the picklable ``fn(*args)`` to ``ranks`` without waiting; the ipyparallel AsyncResult."""
+        view = self._require()[self.engine_ids(ranks)]
+        if self.launcher is not None:
+            self.launcher.cell_started()
+        return view.apply_async(fn, *args)
+
     def apply(self, fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None,
               timeout: float | None = 30) -> list[Any]:
         """Call the picklable ``fn(*args)`` on ``ranks`` (default all); the results in rank order."""

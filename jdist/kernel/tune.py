@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from jdist.errors import RankFailure
 from jdist.metrics import default_run_dir
+from jdist.protocol import RankCall
 
 from . import cluster as cl
 from .supervise.collect import RecordCollector
@@ -43,6 +44,8 @@ TUNE_INSTALL_HINT = "jdist.tune needs Optuna: pip install 'jdist[tune]' (or pip 
 PRUNERS = ("asha", "median", "hyperband", "none")
 #: Backends whose groups a sweep's slots replace (torch's default group).
 SLOT_BACKENDS = ("ddp", "fsdp")
+#: Trials are queued ahead on each slot while the median trial takes less than this (seconds).
+PREFETCH_BELOW_S = 10.0
 #: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
 GRACE_S = 15.0
 REPLY_TYPE = "jdist_tune_reply"  # jdist.rank.tune.REPLY_TYPE (the kernel does not import rank code)
@@ -195,12 +198,13 @@ class TrialRun:
     view: IppCellView
     inbox: _Wake
     records: RecordCollector
-    started: float = field(default_factory=time.time)
-    result: Any = None
-    has_result: bool = False
+    sent: float = field(default_factory=time.time)
+    started: float | None = None  # the ranks began it (a queued trial waits for the one before)
     pruned: bool = False
     stopped: str | None = None  # why the sweep stopped it: "timed out after ..." / "interrupted"
     stopped_at: float | None = None
+    where: list[str] = field(default_factory=list)  # each rank's line when it was stopped
+    ended: float = 0.0
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
 
 
@@ -219,7 +223,9 @@ class Sweep:
         self.folder = folder
         self.slots = [list(range(i, i + per_trial)) for i in range(0, cluster.config.n, per_trial)]
         self.free = list(range(len(self.slots)))
-        self.running: dict[int, TrialRun] = {}
+        self.running: dict[int, TrialRun] = {}  # slot -> the trial its ranks run
+        self.queued: dict[int, TrialRun] = {}  # slot -> the trial sent to start when that one ends
+        self.ending: list[TrialRun] = []  # ended on the ranks, told once their last messages are in
         self.slot_of: dict[int, int] = {}  # trial number -> slot (this call's trials)
         self.timeline: list[tuple[int, int, float, float, str]] = []  # slot, trial, start, end, state
         self.errors: dict[int, str] = {}  # trial number -> the root cause, one line
@@ -227,43 +233,56 @@ class Sweep:
         self.interrupted = False
         self.view = SweepView(self) if show else None
         self.dispatch_s: list[float] = []  # trial finished (seen) -> next trial sent on that slot
+        self.freed_at: dict[int, float] = {}
+        self.phases: dict[str, float] = {}  # seconds: forming the slots, the trials, the world group again
+        # Parameters asked for with the trial (no round trip when the objective suggests them the same way)
+        self.space = _optuna().search_space.IntersectionSearchSpace()
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         optuna = _optuna()
         name = self.objective
         self._close_stale(optuna)
+        t0 = time.perf_counter()
         self.cluster.call("tune_enter", self.per_trial, timeout=120)
+        t1 = time.perf_counter()
         try:
             self._loop(optuna, name)
         finally:
+            t2 = time.perf_counter()
             notes = self._leave()
+            self.phases = {"slots_s": t1 - t0, "trials_s": t2 - t1, "world_s": time.perf_counter() - t2}
             if self.view is not None:
                 self.view.update(final=True)
             self._say_end(notes)
 
     def _loop(self, optuna: Any, name: str) -> None:
-        last_free: dict[int, float] = {}
         while True:
             try:
-                while not self.interrupted and self.free and self._budget_left() > len(self.running):
-                    slot = self.free.pop(0)
-                    self._start(slot, name)
-                    if slot in last_free:
-                        self.dispatch_s.append(time.perf_counter() - last_free.pop(slot))
-                if not self.running:
+                self._dispatch(name)
+                if not self.running and not self.ending:
                     return
-                self.wake.wait(0.25)
+                self.wake.wait(0.05 if self.ending else 0.25)
                 self.wake.clear()
                 for slot, tr in list(self.running.items()):
-                    self._pump(tr)
-                    self._watch(tr)
                     if tr.view.ready():
-                        self._finish(optuna, tr)
                         del self.running[slot]
-                        if self._slot_usable(tr):
-                            self.free.append(slot)
-                            last_free[slot] = time.perf_counter()
+                        tr.ended = time.monotonic()
+                        self.ending.append(tr)
+                        nxt = self.queued.pop(slot, None)
+                        if nxt is not None:  # already sent: the ranks started it when this one ended
+                            self.running[slot] = nxt
+                        else:
+                            self._free(slot)
+                for tr in [*self.running.values(), *self.queued.values()]:  # after the moves: none missed
+                    self._pump(tr)
+                    if tr in self.running.values():
+                        self._watch(tr)
+                self._dispatch(name)
+                for tr in list(self.ending):  # told once their last messages are in (at most 1 s)
+                    if tr.view.ar.wait_for_output(0) or time.monotonic() - tr.ended > 1.0:
+                        self.ending.remove(tr)
+                        self._finish(optuna, tr)
                 if self.view is not None:
                     self.view.update()
             except KeyboardInterrupt:
@@ -272,6 +291,33 @@ class Sweep:
                     return
                 self.interrupted = True
                 self._stop_all("interrupted")
+
+    def _free(self, slot: int) -> None:
+        self.free.append(slot)
+        self.freed_at[slot] = time.perf_counter()
+
+    def _dispatch(self, name: str) -> None:
+        """Start trials on the free slots while the budget lasts, then queue the next trial behind each running one while trials are short
+        (:meth:`_prefetch`): the ranks start it the moment the one before ends."""
+        def budget() -> int:
+            return self._budget_left() - len(self.ending) - len(self.running) - len(self.queued)
+
+        while not self.interrupted and self.free and budget() > 0:
+            slot = self.free.pop(0)
+            self.running[slot] = self._send(slot, name)
+            if slot in self.freed_at:
+                self.dispatch_s.append(time.perf_counter() - self.freed_at.pop(slot))
+        if self._prefetch():  # the last len(slots) trials go to whichever slot is free first: no idle tail
+            for slot in self.running:
+                if slot not in self.queued and not self.interrupted and budget() >= len(self.slots):
+                    self.queued[slot] = self._send(slot, name)
+
+    def _prefetch(self) -> bool:
+        """Queue trials ahead while the median trial so far took under :data:`PREFETCH_BELOW_S`: then a
+        few ms between trials matter and the sampler loses little by asking one trial early per slot.
+        Longer trials are asked when their slot is free, so the sampler sees every result so far."""
+        spans = [end - start for _, _, start, end, _ in self.timeline[-16:]]
+        return bool(spans) and sorted(spans)[len(spans) // 2] < PREFETCH_BELOW_S
 
     def _budget_left(self) -> int:
         return self.trials - sum(1 for t in self.study.get_trials(deepcopy=False) if _counts(t))
@@ -283,21 +329,23 @@ class Sweep:
             self.study._storage.set_trial_user_attr(t._trial_id, "jdist_interrupted", True)
             self.study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
-    def _start(self, slot: int, name: str) -> None:
-        trial = self.study.ask()
+    def _send(self, slot: int, name: str) -> TrialRun:
+        space = self.space.calculate(self.study)  # the parameters every finished trial had, same distribution
+        trial = self.study.ask(fixed_distributions=space) if space else self.study.ask()
+        given = {n: (*as_request(d), trial.params[n]) for n, d in space.items()}
         ranks = self.slots[slot]
         trial.set_user_attr("jdist_slot", slot)
         trial.set_user_attr("jdist_ranks", ranks)
-        code = f"__import__('jdist.rank.tune').rank.tune.run_trial({trial.number}, {name!r})"
         inbox = _Wake(self.wake)
         records = RecordCollector(self.cluster, f"jdist.tune {self.study.study_name}: trial {trial.number}",
                                   lambda run: [_TrialLog(self.folder / "trials")], ranks=ranks)
-        view = IppCellView(self.cluster.execute(code, ranks), ranks)
+        view = IppCellView(self.cluster.apply_async(RankCall("tune_trial"), trial.number, name, given,
+                                                      ranks=ranks), ranks)
         for child in view._children:
             child.add_done_callback(lambda _f: self.wake.set())
         view.attach(inbox)
-        self.running[slot] = TrialRun(slot, ranks, trial, view, inbox, records)
         self.slot_of[trial.number] = slot
+        return TrialRun(slot, ranks, trial, view, inbox, records)
 
     def _pump(self, tr: TrialRun) -> None:
         while True:
@@ -346,8 +394,8 @@ class Sweep:
             elif op == "user_attr":
                 trial.set_user_attr(payload["key"], payload["value"])
                 return
-            elif op == "result":
-                tr.result, tr.has_result = payload["value"], True
+            elif op == "started":
+                tr.started = time.time()
                 return
         except Exception as exc:  # a bad suggestion (e.g. low > high): the rank raises it in the objective
             reply.pop("value", None)
@@ -361,9 +409,9 @@ class Sweep:
             if tr.view.failed_while_others_run():  # the others wait for the failed rank in a collective
                 tr.stopped, tr.stopped_at = "released", now
                 self.cluster.interrupt(tr.view.running())
-            elif self.trial_timeout is not None and now - tr.started > self.trial_timeout:
+            elif self.trial_timeout is not None and tr.started is not None and now - tr.started > self.trial_timeout:
+                tr.where = self._where(tr)
                 tr.stopped, tr.stopped_at = f"timed out after {self.trial_timeout:g} s", now
-                tr.output.extend(self._where(tr))
                 self.cluster.interrupt(tr.view.running())
         elif tr.stopped_at is not None and now - tr.stopped_at > GRACE_S and not tr.view.ready():
             raise RuntimeError(f"jdist.tune: trial {tr.trial.number} on ranks {tr.ranks} did not stop within "
@@ -377,33 +425,42 @@ class Sweep:
             stacks = self.cluster.stacks(tr.view.running())
         except Exception:
             return []
-        return [f"rank {r}: {summary(frames)}" for r, frames in sorted(stacks.items()) if frames]
+        return [f"rank {r} {summary(frames)}" for r, frames in sorted(stacks.items()) if frames]
 
     def _stop_all(self, why: str) -> None:
         now = time.time()
+        for tr in self.queued.values():  # not started: taken out of the engines' queues
+            tr.stopped, tr.stopped_at = why, now
+            try:
+                self.cluster.client.abort(jobs=tr.view.ar, targets=self.cluster.engine_ids(tr.ranks), block=False)
+            except Exception:
+                pass
         for tr in self.running.values():
             if tr.stopped is None:
                 tr.stopped, tr.stopped_at = why, now
                 self.cluster.interrupt(tr.view.running())
 
     def _kill_running(self, optuna: Any) -> None:
-        for tr in self.running.values():
+        for tr in self.ending:
+            self._finish(optuna, tr)
+        self.ending.clear()
+        for tr in [*self.running.values(), *self.queued.values()]:
             tr.stopped = "interrupted"
             self._tell(optuna, tr, optuna.trial.TrialState.FAIL, error="interrupted (the sweep stopped)")
         self.running.clear()
+        self.queued.clear()
 
     def _finish(self, optuna: Any, tr: TrialRun) -> None:
-        try:
-            tr.view.wait_for_output(1.0)
-        except Exception:
-            pass
         self._pump(tr)
         failures = tr.view.failures()
         states = optuna.trial.TrialState
-        if not failures and tr.pruned:
+        result = None if failures else tr.view.ar.get()[0]  # slot rank 0's value
+        if isinstance(result, BaseException):  # ipyparallel's TaskAborted: taken out of the queue unstarted
+            self._tell(optuna, tr, states.FAIL, error=tr.stopped or f"{type(result).__name__}: {result}")
+        elif not failures and tr.pruned:
             self._tell(optuna, tr, states.PRUNED)
-        elif not failures and tr.has_result and tr.result is not None:
-            self._tell(optuna, tr, states.COMPLETE, tr.result)
+        elif not failures and result is not None:
+            self._tell(optuna, tr, states.COMPLETE, result)
         elif not failures:
             self._tell(optuna, tr, states.FAIL, error="the objective returned None")
         else:
@@ -412,10 +469,10 @@ class Sweep:
                 self._tell(optuna, tr, states.PRUNED)
             else:
                 why = tr.stopped if tr.stopped and tr.stopped != "released" else None
+                if why and tr.where:
+                    why += ": " + "; ".join(tr.where)
                 error = why or f"rank {root.rank}: {root.ename}: {root.evalue}"
                 self._tell(optuna, tr, states.FAIL, error=error, failure=root)
-            if tr.stopped != "interrupted" or not self.interrupted:
-                self._repair(tr)
         tr.records.finish("finished" if not failures else "failed", None if not failures else self.errors.get(tr.trial.number))
 
     def _tell(self, optuna: Any, tr: TrialRun, state: Any, value: Any = None, error: str | None = None,
@@ -433,19 +490,7 @@ class Sweep:
         if tr.records.run is not None:
             trial.set_user_attr("jdist_run", str(tr.records.run.path or ""))
         self.study.tell(trial, value, state=state)
-        self.timeline.append((tr.slot, trial.number, tr.started, time.time(), state.name))
-
-    def _repair(self, tr: TrialRun) -> None:
-        try:
-            self.cluster.call("tune_repair", ranks=tr.ranks, timeout=60)
-        except Exception as exc:
-            tr.stopped = tr.stopped or "lost"
-            print(f"jdist.tune: slot {tr.slot} (ranks {tr.ranks}) could not be repaired ({exc}); "
-                  "it takes no more trials.")
-            setattr(tr, "_lost", True)
-
-    def _slot_usable(self, tr: TrialRun) -> bool:
-        return not getattr(tr, "_lost", False)
+        self.timeline.append((tr.slot, trial.number, tr.started or time.time(), time.time(), state.name))
 
     def _leave(self) -> list[str]:
         try:
@@ -456,8 +501,10 @@ class Sweep:
         return [line for line in (first.get("kept"), first.get("lost")) if line]
 
     def _say_end(self, notes: list[str]) -> None:
-        states = collections.Counter(t.state.name for t in self.study.get_trials(deepcopy=False))
-        parts = [f"{states.get(k, 0)} {k.lower()}" for k in ("COMPLETE", "PRUNED", "FAIL") if states.get(k)]
+        trials = self.study.get_trials(deepcopy=False)
+        states = collections.Counter("INTERRUPTED" if t.user_attrs.get("jdist_interrupted") else t.state.name
+                                     for t in trials)
+        parts = [f"{states[k]} {k.lower()}" for k in ("COMPLETE", "PRUNED", "FAIL", "INTERRUPTED") if states.get(k)]
         head = "Sweep interrupted" if self.interrupted else "Sweep done"
         line = f"{head}: {self.study.study_name}, {', '.join(parts) or 'no trials'}"
         try:
@@ -478,6 +525,23 @@ class Sweep:
         df = df.rename(columns=renames)
         drop = [c for c in df.columns if c.startswith("user_attrs_jdist_")]
         return df.drop(columns=drop)
+
+
+def as_request(distribution: Any) -> tuple[str, dict[str, Any]]:
+    """An Optuna distribution as the ranks' ``suggest_*`` call names it: (kind, args).
+
+    >>> import optuna
+    >>> as_request(optuna.distributions.FloatDistribution(1e-4, 0.1, log=True))
+    ('float', {'low': 0.0001, 'high': 0.1, 'step': None, 'log': True})
+    >>> as_request(optuna.distributions.CategoricalDistribution(("adam", "sgd")))
+    ('categorical', {'choices': ['adam', 'sgd']})
+    """
+    name = type(distribution).__name__
+    if name == "CategoricalDistribution":
+        return "categorical", {"choices": list(distribution.choices)}
+    kind = "int" if name == "IntDistribution" else "float"
+    return kind, {"low": distribution.low, "high": distribution.high, "step": distribution.step,
+                  "log": distribution.log}
 
 
 def _counts(trial: Any) -> bool:
@@ -538,11 +602,11 @@ class SweepView:
 
     def rows(self) -> list[dict[str, Any]]:
         sw = self.sweep
-        running = {tr.trial.number: tr for tr in sw.running.values()}
+        running = {tr.trial.number for tr in sw.running.values()}
+        queued = {tr.trial.number for tr in sw.queued.values()}
         rows = []
         for t in sw.study.get_trials(deepcopy=False):
-            tr = running.get(t.number)
-            state = "RUNNING" if tr is not None else t.state.name
+            state = "QUEUED" if t.number in queued else "RUNNING" if t.number in running else t.state.name
             end = t.datetime_complete.timestamp() if t.datetime_complete else time.time()
             start = t.datetime_start.timestamp() if t.datetime_start else end
             last = max(t.intermediate_values) if t.intermediate_values else None

@@ -117,6 +117,13 @@ def tune_enter(per_trial: int) -> dict[str, int]:
     return tune.enter_slots(per_trial)
 
 
+def tune_trial(number: int, objective: Any, given: dict[str, Any] | None = None) -> Any:
+    """Run one trial of the sweep on this slot; its value (:func:`jdist.rank.tune.run_trial`)."""
+    from . import tune
+
+    return tune.run_trial(number, objective, given)
+
+
 def tune_leave() -> dict[str, Any]:
     """The sweep ended (:func:`jdist.rank.tune.leave_slots`): the world group again, the models prepared
     before the sweep re-attached to it (:func:`rebuild_group`'s answer)."""
@@ -125,10 +132,3 @@ def tune_leave() -> dict[str, Any]:
     if tune.leave_slots() and session().backend is not None:
         return rebuild_group()
     return {"reattached": [], "stale": [], "kept": None, "lost": None, "released_from": None}
-
-
-def tune_repair() -> None:
-    """A new group for this slot after a trial broke it (:func:`jdist.rank.tune.repair_slot`)."""
-    from . import tune
-
-    tune.repair_slot()

@@ -52,6 +52,7 @@ class Slot:
     world_ctx: Any  # the RankContext of the world, given back by leave_slots
     sweep: int
     replies: queue.Queue = dataclasses.field(default_factory=queue.Queue)
+    failed: bool = False  # the last trial raised on this rank: the slot's group may be broken
 
 
 _slot: Slot | None = None
@@ -111,13 +112,24 @@ def leave_slots() -> bool:
     return True
 
 
-def repair_slot() -> None:
-    """A new process group for this slot after a trial broke it (a release, a failed collective);
-    collective over the slot's ranks."""
+def repair_if_broken(slot: Slot) -> bool:
+    """Collective over the slot's ranks, before each trial: if the last trial failed on any of them (a
+    raise, a release, an interrupt), the slot gets a new process group. Whether it did."""
     from .backends.torch_group import recreate_process_group
 
-    _require_slot()
-    recreate_process_group(session().ctx)
+    s = session()
+    mine = slot.failed or bool(s.guard is not None and s.guard.broken)
+    if not slot.comm.allreduce(mine, op=_mpi_lor()):
+        return False
+    recreate_process_group(s.ctx)
+    slot.failed = False
+    return True
+
+
+def _mpi_lor() -> Any:
+    from mpi4py import MPI
+
+    return MPI.LOR
 
 
 def _use_ctx(s: Any, ctx: Any) -> None:
@@ -172,18 +184,19 @@ class Trial:
     value); ``should_prune()`` is collective; ``set_user_attr`` keeps a value with the trial.
     """
 
-    def __init__(self, number: int, slot: Slot):
+    def __init__(self, number: int, slot: Slot, given: dict[str, tuple[str, dict[str, Any], Any]] | None = None):
         self.number = number
         self.params: dict[str, Any] = {}
+        self._given = given or {}  # name -> (kind, args, value) the kernel sampled with the trial
         self._slot = slot
         self._seq = 0
 
     # -- suggestions: slot rank 0 asks, the slot agrees over MPI
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+    def suggest_float(self, name: str, low: float, high: float, step: float | None = None,
                       log: bool = False) -> float:
         return self._suggest(name, "float", low=low, high=high, step=step, log=log)
 
-    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
         return self._suggest(name, "int", low=low, high=high, step=step, log=log)
 
     def suggest_categorical(self, name: str, choices: Any) -> Any:
@@ -198,7 +211,11 @@ class Trial:
     def _suggest(self, name: str, kind: str, **args: Any) -> Any:
         if name in self.params:
             return self.params[name]
-        value = self._ask("suggest", {"name": name, "kind": kind, "args": args})
+        given = self._given.get(name)
+        if given is not None and given[0] == kind and given[1] == args:  # no round trip to the kernel
+            value = given[2]
+        else:
+            value = self._ask("suggest", {"name": name, "kind": kind, "args": args})
         self.params[name] = value
         return value
 
@@ -260,9 +277,17 @@ class Trial:
                 return reply.get("value")
 
 
-def run_trial(number: int, objective: str | Callable[[Trial], Any]) -> None:
-    """Run trial ``number`` of the sweep on this slot: ``objective`` (a function, or its name in the
-    cell namespace) gets a :class:`Trial`; slot rank 0 sends the value it returns to the kernel."""
+def run_trial(number: int, objective: str | Callable[[Trial], Any],
+              given: dict[str, tuple[str, dict[str, Any], Any]] | None = None) -> float | list[float] | None:
+    """Run trial ``number`` of the sweep on this slot and return its value: ``objective`` (a function,
+    or its name in the cell namespace) gets a :class:`Trial`. ``given``: parameters the kernel sampled
+    with the trial (name -> (kind, args, value)); a ``suggest_*`` of one of them the same way needs no
+    round trip.
+
+    The kernel sends it with ``apply`` (not as a cell: an engine drops the cells queued behind one that
+    raised, and the kernel queues the next trial behind the running one); it runs as one cell of the
+    record stream, so ``jdist.log`` works as in a ``%%distributed`` cell.
+    """
     global _trial
     from .namespace import get
 
@@ -270,13 +295,23 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any]) -> None:
     fn = get(objective) if isinstance(objective, str) else objective
     if not callable(fn):
         raise TypeError(f"jdist.tune: {objective!r} on the ranks is a {type(fn).__name__}, not a function of one trial.")
-    trial = _trial = Trial(number, slot)
+    trial = Trial(number, slot, given)
+    s = session()
+    s.begin_cell()
     try:
-        value = fn(trial)
+        repaired = repair_if_broken(slot)
+        if slot.comm.Get_rank() == 0:
+            trial._send("started", {"time": time.time(), "repaired": repaired})
+        _trial = trial
+        try:
+            return _as_value(fn(trial))
+        except BaseException:
+            slot.failed = True
+            raise
+        finally:
+            _trial = None
     finally:
-        _trial = None
-    if slot.comm.Get_rank() == 0:
-        trial._send("result", {"value": _as_value(value)})
+        s.end_cell()
 
 
 def _as_value(value: Any) -> float | list[float] | None:
