@@ -12,7 +12,7 @@ from conftest import KernelSession, wait_for
 optuna = pytest.importorskip("optuna", reason="jdist[tune] is installed by make test")
 
 OBJECTIVES = """%%distributed -n 4 --backend ddp --timeout 20
-import time, torch, torch.nn as nn, torch.distributed as dist
+import time, optuna, torch, torch.nn as nn, torch.distributed as dist
 before = jdist.prepare(nn.Linear(4, 1))        # prepared in the world group, before any sweep
 pruned_at = {}
 
@@ -44,6 +44,18 @@ def faulty(trial):
         time.sleep(600)                           # a hang: rank 0 waits in the all_reduce below
     dist.all_reduce(t)
     return float(x)
+
+def wrapped(trial):
+    # code written for optuna_integration: the trial on rank 0 only, broadcast over the default group
+    from optuna_integration import TorchDistributedTrial
+    t = TorchDistributedTrial(trial if dist.get_rank() == 0 else None)
+    x = t.suggest_float("x", 0.0, 10.0)
+    for step in range(20):
+        t.report(x, step)
+        if t.should_prune():
+            pruned_at[t.number] = step
+            raise optuna.TrialPruned()
+    return x + dist.get_world_size() * 100
 
 def slow(trial):
     x = trial.suggest_float("x", 0.0, 1.0)
@@ -97,6 +109,19 @@ def test_a_pruned_trial_stops_on_both_ranks_of_its_slot_at_the_same_step(tk):
         steps = {per_rank[r].get(n) for r in ranks}
         assert len(steps) == 1 and None not in steps, (n, per_rank)
         assert steps.pop() >= 3  # not before the pruner's warm-up
+
+
+def test_code_written_for_torch_distributed_trial_runs_unchanged(tk):
+    tk.run("wstudy = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=5.0, n_warmup_steps=2))\n"
+           "for x in (1.0, 9.0, 2.0, 8.0):\n    wstudy.enqueue_trial({'x': x})")
+    tk.run("%%distributed\npruned_at.clear()")
+    out = tk.run("jdist.tune('wrapped', trials=4, per_trial=2, study=wstudy)")
+    assert "2 complete, 2 pruned" in out.stdout, out.stdout
+    rows = tk.value("[(t.params['x'], t.state.name, t.value) for t in wstudy.trials]")
+    assert sorted(rows, key=lambda r: r[0]) == [(1.0, "COMPLETE", 201.0), (2.0, "COMPLETE", 202.0),
+                                                 (8.0, "PRUNED", 8.0), (9.0, "PRUNED", 9.0)]  # last reported
+    tk.run("%dist pull pruned_at")
+    assert {step for d in tk.value("pruned_at") for step in d.values()} == {2}  # both ranks, at the warm-up's end
 
 
 def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_on(tk):

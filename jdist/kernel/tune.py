@@ -44,6 +44,8 @@ TUNE_INSTALL_HINT = "jdist.tune needs Optuna: pip install 'jdist[tune]' (or pip 
 PRUNERS = ("asha", "median", "hyperband", "none")
 #: Backends whose groups a sweep's slots replace (torch's default group).
 SLOT_BACKENDS = ("ddp", "fsdp")
+#: Failed trials listed under the sweep's last line (all of them: ``jdist.last_sweep()``).
+FAILED_SHOWN = 5
 #: Trials are queued ahead on each slot while the median trial takes less than this (seconds).
 PREFETCH_BELOW_S = 10.0
 #: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
@@ -205,6 +207,7 @@ class TrialRun:
     stopped_at: float | None = None
     where: list[str] = field(default_factory=list)  # each rank's line when it was stopped
     ended: float = 0.0
+    decisions: dict[int, bool] = field(default_factory=dict)  # should_prune call number -> the answer
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
 
 
@@ -385,9 +388,12 @@ class Sweep:
                 else:
                     reply["value"] = trial.suggest_float(payload["name"], args["low"], args["high"], step=args["step"],
                                                          log=args["log"])
-            elif op == "should_prune":
-                tr.pruned = tr.pruned or trial.should_prune()
-                reply["value"] = tr.pruned
+            elif op == "should_prune":  # decided once per call number: every rank of the slot agrees
+                index = payload["index"]
+                if index not in tr.decisions:
+                    tr.pruned = tr.pruned or trial.should_prune()
+                    tr.decisions[index] = tr.pruned
+                reply["value"] = tr.decisions[index]
             elif op == "report":
                 trial.report(payload["value"], payload["step"])
                 return
@@ -513,6 +519,11 @@ class Sweep:
         except ValueError:
             pass
         print(line + f". Journal: {self.folder / 'journal.log'}")
+        failed = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("jdist_interrupted")]
+        for t in failed[:FAILED_SHOWN]:
+            print(f"  trial {t.number} failed: {t.user_attrs.get('jdist_error', 'no error recorded')}")
+        if len(failed) > FAILED_SHOWN:
+            print(f"  ... and {len(failed) - FAILED_SHOWN} more: jdist.last_sweep() has each trial's error.")
         if self.interrupted:
             print("Every finished trial is kept; go on with jdist.tune(..., resume=True).")
         for note in notes:

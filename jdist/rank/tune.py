@@ -7,10 +7,10 @@ kernel then runs one trial per slot at a time (:func:`run_trial`, sent as a cell
 ranks), and gives the world group back at the end (:func:`leave_slots`, the models prepared before
 the sweep re-attached).
 
-The objective gets a :class:`Trial`: ``suggest_*`` asks the kernel's Optuna trial (slot rank 0
-asks, the slot's other ranks get the same value over MPI), ``report`` and ``jdist.log`` feed the
-pruner, ``should_prune`` is collective (every rank of the slot gets the same answer at the same
-call). Requests travel as data messages on the rank's IOPub channel; the kernel answers on the
+The objective gets a :class:`Trial`: ``suggest_*`` asks the kernel's Optuna trial (every rank gets
+the same value; parameters the kernel sampled with the trial need no round trip), ``report`` and
+``jdist.log`` feed the pruner, ``should_prune`` gives every rank of the slot the same answer at the
+same call, so the slot stops together. Requests travel as data messages on the rank's IOPub channel; the kernel answers on the
 engine's control channel (both signed by ipyparallel's session key; no socket of jdist's own).
 
 On the ranks, inside an objective::
@@ -19,7 +19,7 @@ On the ranks, inside an objective::
         lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)   # the same value on every rank of the slot
         ...
         jdist.log(step=step, val_loss=v)
-        if jdist.should_prune():                                 # collective within the slot
+        if jdist.should_prune():                                 # the same answer on every rank of the slot
             return v
         return v
 """
@@ -27,7 +27,10 @@ On the ranks, inside an objective::
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import importlib.util
 import os
+import sys
 import queue
 import time
 from typing import Any, Callable
@@ -181,17 +184,23 @@ class Trial:
 
     ``number`` and ``params`` are the kernel's trial's; ``suggest_float/int/categorical`` give
     every rank of the slot the same value; ``report(value, step)`` feeds the pruner (slot rank 0's
-    value); ``should_prune()`` is collective; ``set_user_attr`` keeps a value with the trial.
+    value); ``should_prune()`` answers every rank the same at its n-th call; ``set_user_attr`` keeps a
+    value with the trial (slot rank 0's).
     """
 
     def __init__(self, number: int, slot: Slot, given: dict[str, tuple[str, dict[str, Any], Any]] | None = None):
         self.number = number
         self.params: dict[str, Any] = {}
+        self.distributions: dict[str, tuple[str, dict[str, Any]]] = {}  # name -> (kind, args) as suggested
+        self.user_attrs: dict[str, Any] = {}
+        self.constraints: list[float] | None = None
+        self.datetime_start = datetime.datetime.now()
         self._given = given or {}  # name -> (kind, args, value) the kernel sampled with the trial
         self._slot = slot
         self._seq = 0
+        self._prune_calls = 0
 
-    # -- suggestions: slot rank 0 asks, the slot agrees over MPI
+    # -- suggestions: the kernel's trial answers every rank the same
     def suggest_float(self, name: str, low: float, high: float, step: float | None = None,
                       log: bool = False) -> float:
         return self._suggest(name, "float", low=low, high=high, step=step, log=log)
@@ -217,7 +226,11 @@ class Trial:
         else:
             value = self._ask("suggest", {"name": name, "kind": kind, "args": args})
         self.params[name] = value
+        self.distributions[name] = (kind, args)
         return value
+
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float) -> float:
+        return self.suggest_float(name, low, high, step=q)
 
     def report(self, value: float, step: int) -> None:
         """Give the pruner ``value`` at ``step`` (slot rank 0's is used; ``jdist.log`` of the sweep's
@@ -226,12 +239,19 @@ class Trial:
             self._send("report", {"value": float(value), "step": int(step)})
 
     def should_prune(self) -> bool:
-        """Whether the kernel's pruner stops this trial now: collective, the same answer on every rank
-        of the slot. The records logged so far reach the kernel first."""
+        """Whether the kernel's pruner stops this trial now. Every rank of the slot gets the same answer
+        at its n-th call (the kernel decides once per call number), so SPMD code stops together; the
+        records logged so far reach the kernel first. One round trip to the kernel (a few ms)."""
         session().publish_due()
-        return bool(self._ask("should_prune", {}))
+        self._prune_calls += 1
+        return bool(self._ask("should_prune", {"index": self._prune_calls}))
+
+    def set_constraint(self, constraint: Any) -> None:
+        self.constraints = [float(c) for c in constraint]
+        self.set_user_attr("constraint", self.constraints)
 
     def set_user_attr(self, key: str, value: Any) -> None:
+        self.user_attrs[key] = value
         if self._slot.comm.Get_rank() == 0:
             self._send("user_attr", {"key": key, "value": value})
 
@@ -245,20 +265,10 @@ class Trial:
         return self._seq
 
     def _ask(self, op: str, payload: dict[str, Any]) -> Any:
-        """Slot rank 0 asks the kernel and waits for its answer; every rank of the slot gets it."""
-        comm = self._slot.comm
-        answer: Any = None
-        error: str | None = None
-        if comm.Get_rank() == 0:
-            seq = self._send(op, payload)
-            try:
-                answer = self._wait(seq)
-            except RuntimeError as exc:
-                error = str(exc)
-        answer, error = comm.bcast((answer, error), root=0)
-        if error is not None:
-            raise RuntimeError(error)
-        return answer
+        """Ask the kernel and wait for its answer. Not a collective: each rank asks for itself (the kernel
+        gives every rank the same suggestion and the same pruning decision), so code that calls the
+        trial on slot rank 0 only (``optuna_integration.TorchDistributedTrial``) works too."""
+        return self._wait(self._send(op, payload))
 
     def _wait(self, seq: int) -> Any:
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
@@ -296,6 +306,7 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any],
     if not callable(fn):
         raise TypeError(f"jdist.tune: {objective!r} on the ranks is a {type(fn).__name__}, not a function of one trial.")
     trial = Trial(number, slot, given)
+    _optuna_compat()
     s = session()
     s.begin_cell()
     try:
@@ -314,6 +325,25 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any],
         s.end_cell()
 
 
+def _optuna_compat() -> None:
+    """Let code written for ``optuna_integration.TorchDistributedTrial`` take this trial on slot rank 0:
+    :class:`Trial` counts as an Optuna trial, and the group TorchDistributedTrial keeps from its first
+    use (a module global) is forgotten before each trial, since the slot's group is new in every sweep
+    and after a repair."""
+    global _registered
+    if not _registered and (importlib.util.find_spec("optuna_integration") is not None or "optuna" in sys.modules):
+        import optuna
+
+        optuna.trial.BaseTrial.register(Trial)
+        _registered = True
+    module = sys.modules.get("optuna_integration.pytorch_distributed.pytorch_distributed")
+    if module is not None and hasattr(module, "_g_pg"):
+        module._g_pg = None
+
+
+_registered = False
+
+
 def _as_value(value: Any) -> float | list[float] | None:
     if value is None:
         return None
@@ -330,7 +360,8 @@ def current_trial() -> Trial:
 
 
 def should_prune() -> bool:
-    """Whether the sweep's pruner stops the running trial now; collective over its slot's ranks.
+    """Whether the sweep's pruner stops the running trial now: every rank of its slot gets the same
+    answer at the same call (:meth:`Trial.should_prune`).
 
     >>> import jdist
     >>> jdist.should_prune()   # doctest: +SKIP
