@@ -3,6 +3,7 @@ kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups), one cluster for 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -10,6 +11,15 @@ import pytest
 from conftest import KernelSession, wait_for
 
 optuna = pytest.importorskip("optuna", reason="jdist[tune] is installed by make test")
+
+FATAL = """
+def fatal(trial):
+    import os, signal
+    if trial.number == 2 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)        # a rank's process dies in the middle of the sweep
+    time.sleep(0.3)
+    return float(trial.number)
+"""
 
 OBJECTIVES = """%%distributed -n 4 --backend ddp --timeout 20
 import time, optuna, torch, torch.nn as nn, torch.distributed as dist
@@ -79,6 +89,11 @@ def _states(tk: KernelSession, expr: str = "study") -> dict[int, str]:
 def test_each_slot_is_the_default_group_and_the_world_comes_back(tk):
     out = tk.run("study = jdist.tune('inside', trials=6, per_trial=2)")
     assert "Sweep done" in out.stdout and "6 complete" in out.stdout, out.stdout
+    # the live view: one display, updated in place; its last state (kept in a saved notebook) has every trial
+    views = [d for d in out.displays if "jdist.tune" in d["data"].get("text/html", "")]
+    assert views and views[0]["type"] == "display_data" and len({d["transient"]["display_id"] for d in views}) == 1
+    last = views[-1]["data"]["text/html"]
+    assert last.count(">complete</td>") == 6 and "slot 1" in last and "<svg" in last
     values = tk.value("[(t.number, t.value) for t in study.trials]")
     # all_reduce without group= summed the 2 ranks of the trial's slot only, world size 2
     assert {n: v for n, v in values} == {n: (n + 1) * 2 * 1000 + 20 for n, _ in values}
@@ -191,7 +206,7 @@ def test_bad_input_says_the_fix(tk):
 
 
 def test_fsdp_trains_inside_the_slots(tk):
-    tk.run("%%distributed --backend fsdp --restart\nimport torch, torch.nn as nn, torch.distributed as dist\n"
+    tk.run("%%distributed --backend fsdp --restart\nimport time, torch, torch.nn as nn, torch.distributed as dist\n"
            "def sharded(trial):\n"
            "    lr = trial.suggest_float('lr', 0.01, 0.1)\n"
            "    torch.manual_seed(0)\n"
@@ -200,10 +215,20 @@ def test_fsdp_trains_inside_the_slots(tk):
            "    for step in range(3):\n"
            "        loss = model(torch.ones(4, 8)).square().mean(); jdist.backward(loss); opt.step(); opt.zero_grad()\n"
            "    shard = sum(p.to_local().numel() for p in model.parameters())\n"
-           "    return dist.get_world_size() * 1000 + shard")
+           "    return dist.get_world_size() * 1000 + shard\n" + FATAL)
     out = tk.run("study = jdist.tune('sharded', trials=2, per_trial=2)")
     assert "2 complete" in out.stdout, out.stdout
     # each trial's model is sharded over its slot's 2 ranks, not the world's 4: FSDP splits every
     # parameter along dim 0, so slot rank 0 holds 8 of the 16 rows of each 16-row tensor (8 x 8 + 8)
     # and the whole 1-row ones (16 + 1): 89 values; over 4 ranks it would hold 53
     assert {int(v) for v in tk.value("[t.value for t in study.trials]")} == {2000 + 89}
+
+
+def test_a_rank_that_dies_stops_the_sweep_with_one_line_and_keeps_the_trials(tk):
+    # last in the module, on the fsdp cluster of the test before: it ends the cluster
+    out = tk.run("study = jdist.tune('fatal', trials=8, per_trial=2, name='fatal')", allow_error=True, timeout=120)
+    assert out.error["ename"] == "RankLost", out.shown
+    assert re.search(r"rank [13] died", out.error["evalue"]) and "jdist.tune(..., resume=True)" in out.error["evalue"]
+    assert "killed by SIGKILL" in out.error["evalue"]
+    rows = tk.value("[(t.number, t.state.name) for t in jdist.kernel.tune._last.study.trials]")
+    assert (2, "FAIL") in rows and all(state in ("COMPLETE", "FAIL") for _, state in rows)

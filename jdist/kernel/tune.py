@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import html
+import json
 import queue
 import threading
 import time
@@ -44,6 +45,9 @@ TUNE_INSTALL_HINT = "jdist.tune needs Optuna: pip install 'jdist[tune]' (or pip 
 PRUNERS = ("asha", "median", "hyperband", "none")
 #: Backends whose groups a sweep's slots replace (torch's default group).
 SLOT_BACKENDS = ("ddp", "fsdp")
+#: Trials in the view's table (the running ones first, then the newest) and curves drawn.
+TABLE_ROWS = 40
+CURVES = 30
 #: Failed trials listed under the sweep's last line (all of them: ``jdist.last_sweep()``).
 FAILED_SHOWN = 5
 #: Trials are queued ahead on each slot while the median trial takes less than this (seconds).
@@ -53,6 +57,10 @@ GRACE_S = 15.0
 REPLY_TYPE = "jdist_tune_reply"  # jdist.rank.tune.REPLY_TYPE (the kernel does not import rank code)
 
 _last: Sweep | None = None
+
+
+class RankLost(RuntimeError):
+    """A rank died during a sweep: the sweep stopped (the message says how to go on)."""
 
 
 def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: int = 1, metric: str | None = None,
@@ -234,6 +242,7 @@ class Sweep:
         self.errors: dict[int, str] = {}  # trial number -> the root cause, one line
         self.wake = threading.Event()
         self.interrupted = False
+        self.lost = False  # a rank died: the ranks are gone, nothing to give back
         self.view = SweepView(self) if show else None
         self.dispatch_s: list[float] = []  # trial finished (seen) -> next trial sent on that slot
         self.freed_at: dict[int, float] = {}
@@ -253,7 +262,7 @@ class Sweep:
             self._loop(optuna, name)
         finally:
             t2 = time.perf_counter()
-            notes = self._leave()
+            notes = [] if self.lost else self._leave()
             self.phases = {"slots_s": t1 - t0, "trials_s": t2 - t1, "world_s": time.perf_counter() - t2}
             if self.view is not None:
                 self.view.update(final=True)
@@ -267,6 +276,9 @@ class Sweep:
                     return
                 self.wake.wait(0.05 if self.ending else 0.25)
                 self.wake.clear()
+                dead = self.cluster.dead_ranks()
+                if dead:
+                    self._rank_died(optuna, dead)
                 for slot, tr in list(self.running.items()):
                     if tr.view.ready():
                         del self.running[slot]
@@ -294,6 +306,20 @@ class Sweep:
                     return
                 self.interrupted = True
                 self._stop_all("interrupted")
+
+    def _rank_died(self, optuna: Any, dead: list[int]) -> None:
+        """A rank's process ended: MPI cannot go on without it, so the sweep stops here (the launcher ends
+        the other ranks); the trials that ran are told FAIL, every finished one is kept."""
+        death = self.cluster.death_report(dead)
+        self.lost = True
+        for tr in [*self.ending, *self.running.values(), *self.queued.values()]:
+            self._tell(optuna, tr, optuna.trial.TrialState.FAIL, error=f"rank {death.rank} died: {death.cause}")
+        self.ending.clear()
+        self.running.clear()
+        self.queued.clear()
+        raise RankLost(f"jdist.tune stopped: rank {death.rank} died ({death.cause}). Every finished trial is kept "
+                       "in the journal: run %dist restart, define the objective again, then "
+                       "jdist.tune(..., resume=True).")
 
     def _free(self, slot: int) -> None:
         self.free.append(slot)
@@ -391,7 +417,7 @@ class Sweep:
             elif op == "should_prune":  # decided once per call number: every rank of the slot agrees
                 index = payload["index"]
                 if index not in tr.decisions:
-                    tr.pruned = tr.pruned or trial.should_prune()
+                    tr.pruned = tr.pruned or bool(trial.should_prune())  # pruners may answer numpy.bool_
                     tr.decisions[index] = tr.pruned
                 reply["value"] = tr.decisions[index]
             elif op == "report":
@@ -406,6 +432,13 @@ class Sweep:
         except Exception as exc:  # a bad suggestion (e.g. low > high): the rank raises it in the objective
             reply.pop("value", None)
             reply["error"] = f"{type(exc).__name__}: {exc}"
+        if "value" in reply:
+            reply["value"] = _plain_value(reply["value"])
+            try:
+                json.dumps(reply["value"])
+            except (TypeError, ValueError):
+                reply = {"trial": reply["trial"], "seq": reply["seq"],
+                         "error": f"{op}: the value {reply.pop('value')!r} cannot be sent to the ranks (not JSON)"}
         self.cluster.client._send_control_request(targets=[self.cluster.engine_ids([rank])[0]],
                                                   msg_type=REPLY_TYPE, content=reply, block=False)
 
@@ -538,6 +571,11 @@ class Sweep:
         return df.drop(columns=drop)
 
 
+def _plain_value(value: Any) -> Any:
+    """numpy scalars (a categorical choice, a pruner's answer) as Python ones, for the JSON reply."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
+
+
 def as_request(distribution: Any) -> tuple[str, dict[str, Any]]:
     """An Optuna distribution as the ranks' ``suggest_*`` call names it: (kind, args).
 
@@ -628,31 +666,51 @@ class SweepView:
         return rows
 
     def html(self) -> str:
+        from jdist.metrics import sweep as panels
+
         sw = self.sweep
         rows = self.rows()
         counts = collections.Counter(r["state"] for r in rows)
         head = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+        single = len(sw.study.directions) == 1
         try:
-            best = sw.study.best_trial
-            best_line = f"best trial {best.number}: <b>{best.value:.6g}</b> {html.escape(str(best.params))}"
+            best = sw.study.best_trial if single else None
+            best_line = (f"best trial {best.number}: <b>{best.value:.6g}</b> {html.escape(_fmt_params(best.params))}"
+                         if best is not None else "")
         except ValueError:
             best_line = "no trial completed yet"
         cells = []
-        for r in sorted(rows, key=lambda r: (r["state"] != "RUNNING", -r["trial"]))[:40]:
+        for r in sorted(rows, key=lambda r: (r["state"] not in ("RUNNING", "QUEUED"), -r["trial"]))[:TABLE_ROWS]:
             value = f"{r['value']:.6g}" if isinstance(r["value"], float) else ""
             last = f"{r['last']:.4g} @ {r['step']}" if r["last"] is not None else ""
-            note = html.escape(r["error"] or "")
-            cells.append(f"<tr><td>{r['trial']}</td><td>{r['state'].lower()}</td><td>{r['slot']}</td>"
+            colour = panels.COLOURS.get(r["state"], "#757575")
+            cells.append(f"<tr><td>{r['trial']}</td><td style='color:{colour}'>{r['state'].lower()}</td>"
+                         f"<td>{'' if r['slot'] is None else r['slot']}</td>"
                          f"<td>{html.escape(_fmt_params(r['params']))}</td><td>{value}</td><td>{last}</td>"
-                         f"<td>{r['seconds']:.1f}</td><td>{note}</td></tr>")
-        return (f"<div class='jdist-sweep'><b>jdist.tune {html.escape(sw.study.study_name)}</b>: "
-                f"{len(sw.slots)} slot(s) of {sw.per_trial} rank(s), {head or 'starting'}; {best_line}"
+                         f"<td>{r['seconds']:.1f}</td><td>{html.escape(r['error'] or '')}</td></tr>")
+        more = f"<div>... {len(rows) - TABLE_ROWS} more: jdist.last_sweep()</div>" if len(rows) > TABLE_ROWS else ""
+        now = time.time()
+        spans = [*sw.timeline, *((tr.slot, tr.trial.number, tr.started, None, "RUNNING")
+                                 for tr in sw.running.values() if tr.started is not None)]
+        trials = sw.study.get_trials(deepcopy=False)
+        states = {r["trial"]: r["state"] for r in rows}
+        recent = sorted((t for t in trials if t.intermediate_values), key=lambda t: t.number)[-CURVES:]
+        curves = {t.number: (states.get(t.number, t.state.name), list(t.intermediate_values.items())) for t in recent}
+        done = [t for t in trials if t.state.name == "COMPLETE" and single]
+        figures = [panels.curves_svg(curves, sw.metric or "reported value"),
+                   panels.best_svg([(t.number, t.value) for t in done], sw.study.direction.name.lower())]
+        return ("<div class='jdist-sweep' style='font-family:sans-serif;font-size:12px'>"
+                f"<b>jdist.tune {html.escape(sw.study.study_name)}</b>: {len(sw.slots)} slot(s) of {sw.per_trial} "
+                f"rank(s), {head or 'starting'}; {best_line}"
+                f"<div>{panels.timeline_svg(spans, len(sw.slots), now)}</div>"
+                f"<div style='display:flex;gap:12px'>{''.join(figures)}</div>"
+                f"<div>{panels.parallel_svg([(t.params, t.value) for t in done], sw.study.direction.name.lower())}</div>"
                 "<table><tr><th>trial</th><th>state</th><th>slot</th><th>params</th><th>value</th>"
-                f"<th>last reported</th><th>s</th><th>error</th></tr>{''.join(cells)}</table></div>")
+                f"<th>last reported</th><th>s</th><th>error</th></tr>{''.join(cells)}</table>{more}</div>")
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
 
 
 def sweep_folders() -> list[Path]:
