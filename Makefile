@@ -64,6 +64,7 @@ bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_backends.py --repeats 4
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 	$(BIN)/python benchmarks/bench_cli.py --repeats 5
+	$(BIN)/python benchmarks/bench_tune.py --repeats 3
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"

@@ -89,6 +89,8 @@ def _states(tk: KernelSession, expr: str = "study") -> dict[int, str]:
 def test_each_slot_is_the_default_group_and_the_world_comes_back(tk):
     out = tk.run("study = jdist.tune('inside', trials=6, per_trial=2)")
     assert "Sweep done" in out.stdout and "6 complete" in out.stdout, out.stdout
+    # the model prepared before the sweep is re-attached to the world group; the trials' own are not
+    assert "DDP model(s) before now use the new group" in out.stdout, out.stdout
     # the live view: one display, updated in place; its last state (kept in a saved notebook) has every trial
     views = [d for d in out.displays if "jdist.tune" in d["data"].get("text/html", "")]
     assert views and views[0]["type"] == "display_data" and len({d["transient"]["display_id"] for d in views}) == 1

@@ -352,7 +352,8 @@ class Sweep:
         return self.trials - sum(1 for t in self.study.get_trials(deepcopy=False) if _counts(t))
 
     def _close_stale(self, optuna: Any) -> None:
-        """Trials a previous kernel left RUNNING (it died or was interrupted hard) count as failed."""
+        """Trials a previous kernel left RUNNING (it died or was interrupted hard) count as interrupted (through
+        the storage: Optuna has no public call that sets an attribute of a trial it did not hand out)."""
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             self.study._storage.set_trial_user_attr(t._trial_id, "jdist_error", "interrupted (the sweep stopped)")
             self.study._storage.set_trial_user_attr(t._trial_id, "jdist_interrupted", True)
@@ -370,8 +371,7 @@ class Sweep:
                                   lambda run: [_TrialLog(self.folder / "trials")], ranks=ranks)
         view = IppCellView(self.cluster.apply_async(RankCall("tune_trial"), trial.number, name, given,
                                                       ranks=ranks), ranks)
-        for child in view._children:
-            child.add_done_callback(lambda _f: self.wake.set())
+        view.on_each_done(self.wake.set)
         view.attach(inbox)
         self.slot_of[trial.number] = slot
         return TrialRun(slot, ranks, trial, view, inbox, records)

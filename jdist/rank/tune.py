@@ -309,6 +309,7 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any],
     _optuna_compat()
     s = session()
     s.begin_cell()
+    before = set(map(id, [*s.train.models, *s.train.optimizers]))
     try:
         repaired = repair_if_broken(slot)
         if slot.comm.Get_rank() == 0:
@@ -322,6 +323,9 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any],
         finally:
             _trial = None
     finally:
+        for kept in (s.train.models, s.train.optimizers):  # the trial's own: not re-attached to the world
+            for obj in [o for o in kept if id(o) not in before]:  # group at the sweep's end
+                kept.discard(obj)
         s.end_cell()
 
 

@@ -5,9 +5,11 @@ which failed (as :class:`jdist.errors.RankFailure`), and the IOPub messages of t
 to a queue. ipyparallel's public API gives neither per-engine futures nor IOPub callbacks, so
 this reads ``AsyncResult._children`` (one future per engine, in the order the cell was sent),
 each future's ``iopub_callbacks`` and its ``output.metadata``, and the client's IO loop. That
-is why ipyparallel is pinned to 9.x (pyproject.toml). The two other reads of its private parts:
+is why ipyparallel is pinned to 9.x (pyproject.toml). The other reads of its private parts:
 the engine launcher's ``_output`` (:func:`jdist.kernel.launch.mpi.engine_set_launcher`, a lenient
-UTF-8 read) and the controller's engine-id file name (removed by ``ClusterSession.stop``).
+UTF-8 read), the controller's engine-id file name (removed by ``ClusterSession.stop``) and the
+client's ``_send_control_request`` (:mod:`jdist.kernel.tune`: answers to a running trial on the
+engines' control channel).
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class IppCellView:
         self.ar._client._io_loop.add_callback(on_io_thread)
         if not done.wait(30):
             raise ClusterError("The ipyparallel client's IO thread does not answer: run %dist restart.")
+
+    def on_each_done(self, callback: Any) -> None:
+        """Call ``callback()`` (on ipyparallel's IO thread: only signal there) as each rank's part ends."""
+        for child in self._children:
+            child.add_done_callback(lambda _future: callback())
 
     # -- state ------------------------------------------------------------------------------
     def ready(self) -> bool:
