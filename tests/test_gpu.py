@@ -204,3 +204,27 @@ def test_gpu_log_of_cuda_tensors_never_synchronises(kernel):
     assert losses == pytest.approx(kernel.value("expected")[0], rel=1e-6)
     assert kernel.value("set(jdist.last_run().history.acc)") == {0.5}
     kernel.run("%dist stop")
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_gpu_sweep_slots_use_nccl_and_the_world_group_comes_back(kernel, backend):
+    # The same steps ran as a script on one H200 on 2026-11-25 (docs/tune.md); one GPU: one slot of one rank.
+    pytest.importorskip("optuna")
+    kernel.run(f"%%distributed --gpus 1 --backend {backend} --restart\n"
+               "import torch, torch.nn as nn, torch.distributed as dist\n"
+               "def objective(trial):\n"
+               "    lr = trial.suggest_float('lr', 1e-3, 1e-1, log=True)\n"
+               "    model = jdist.prepare(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)))\n"
+               "    opt = torch.optim.SGD(model.parameters(), lr=lr)\n"
+               "    x = torch.randn(32, 64, device=device)\n"
+               "    for step in range(20):\n"
+               "        loss = model(x).square().mean(); jdist.backward(loss); opt.step(); opt.zero_grad()\n"
+               "        jdist.log(step=step, loss=loss)\n"
+               "        if step % 5 == 4 and jdist.should_prune(): break\n"
+               "    return float(loss)")
+    out = kernel.run("study = jdist.tune('objective', trials=4, per_trial=1, metric='loss', pruner='median', show=False)")
+    assert "Sweep done" in out.stdout and "fail" not in out.stdout, out.stdout
+    out = kernel.run("%%distributed\nt = torch.ones(1, device=device); dist.all_reduce(t)\n"
+                     "print(dist.get_backend(), dist.get_world_size(), float(t))")
+    assert out.stdout.strip() == "nccl 1 1.0"
+    kernel.run("%dist stop")

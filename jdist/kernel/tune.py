@@ -26,6 +26,7 @@ import collections
 import html
 import json
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from jdist.metrics import default_run_dir
 from jdist.protocol import RankCall
 
 from . import cluster as cl
+from .sinks import RunLogSink
 from .supervise.collect import RecordCollector
 from .supervise.view import IppCellView
 
@@ -96,15 +98,37 @@ def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: 
         raise ValueError(f"jdist.tune runs trials with --backend {' or '.join(SLOT_BACKENDS)} (slots of the torch "
                          f"default group); this cluster runs --backend {cluster.config.backend}. Start one with "
                          "%%distributed --backend ddp --restart.")
-    if len({info["host"] for info in cluster.ranks}) > 1 and per_trial > 1:
-        raise ValueError("Slots of several ranks on a cluster of several hosts are not supported yet: "
-                         "use per_trial=1, or ranks on one host.")
+    problem = slots_across_hosts({info["rank"]: info["host"] for info in cluster.ranks}, per_trial)
+    if problem:
+        raise ValueError(problem)
     objective_name = _objective_on_ranks(cluster, objective)
     folder, study = _open_study(optuna, study, name, resume, direction, pruner, sampler)
     sweep = Sweep(cluster, study, objective_name, per_trial, metric, trials, trial_timeout, folder, show)
     _last = sweep
     sweep.run()
     return study
+
+
+def slots_across_hosts(hosts: dict[int, str], per_trial: int) -> str | None:
+    """Why slots of ``per_trial`` ranks cannot be formed on ranks placed on ``hosts`` (rank -> host): a slot
+    must be on one host (its group rendezvous on loopback). None if they can.
+
+    >>> slots_across_hosts({0: "a", 1: "a", 2: "b", 3: "b"}, 2) is None
+    True
+    >>> print(slots_across_hosts({0: "a", 1: "a", 2: "a", 3: "b", 4: "b", 5: "b"}, 2))
+    Slot 1 (ranks 2, 3) would span hosts a, b: a slot's ranks must share a host. Use per_trial=1 or 3.
+    """
+    n = len(hosts)
+    for start in range(0, n, per_trial):
+        ranks = list(range(start, start + per_trial))
+        where = sorted({hosts[r] for r in ranks})
+        if len(where) > 1:
+            fits = [k for k in range(1, n + 1) if n % k == 0
+                    and all(len({hosts[r] for r in range(i, i + k)}) == 1 for i in range(0, n, k))]
+            return (f"Slot {start // per_trial} (ranks {', '.join(map(str, ranks))}) would span hosts "
+                    f"{', '.join(where)}: a slot's ranks must share a host. Use per_trial="
+                    f"{' or '.join(map(str, fits))}.")
+    return None
 
 
 def last_sweep() -> Any:
@@ -208,7 +232,6 @@ class TrialRun:
     view: IppCellView
     inbox: _Wake
     records: RecordCollector
-    sent: float = field(default_factory=time.time)
     started: float | None = None  # the ranks began it (a queued trial waits for the one before)
     pruned: bool = False
     stopped: str | None = None  # why the sweep stopped it: "timed out after ..." / "interrupted"
@@ -237,12 +260,11 @@ class Sweep:
         self.running: dict[int, TrialRun] = {}  # slot -> the trial its ranks run
         self.queued: dict[int, TrialRun] = {}  # slot -> the trial sent to start when that one ends
         self.ending: list[TrialRun] = []  # ended on the ranks, told once their last messages are in
-        self.slot_of: dict[int, int] = {}  # trial number -> slot (this call's trials)
         self.timeline: list[tuple[int, int, float, float, str]] = []  # slot, trial, start, end, state
         self.errors: dict[int, str] = {}  # trial number -> the root cause, one line
         self.wake = threading.Event()
         self.interrupted = False
-        self.lost = False  # a rank died: the ranks are gone, nothing to give back
+        self.lost = False  # a rank died or a trial's ranks are stuck: no world group to form again
         self.view = SweepView(self) if show else None
         self.dispatch_s: list[float] = []  # trial finished (seen) -> next trial sent on that slot
         self.freed_at: dict[int, float] = {}
@@ -326,8 +348,8 @@ class Sweep:
         self.freed_at[slot] = time.perf_counter()
 
     def _dispatch(self, name: str) -> None:
-        """Start trials on the free slots while the budget lasts, then queue the next trial behind each running one while trials are short
-        (:meth:`_prefetch`): the ranks start it the moment the one before ends."""
+        """Start trials on the free slots while the budget lasts, then queue the next trial behind each
+        running one while trials are short (:meth:`_prefetch`): the ranks start it when that one ends."""
         def budget() -> int:
             return self._budget_left() - len(self.ending) - len(self.running) - len(self.queued)
 
@@ -368,12 +390,11 @@ class Sweep:
         trial.set_user_attr("jdist_ranks", ranks)
         inbox = _Wake(self.wake)
         records = RecordCollector(self.cluster, f"jdist.tune {self.study.study_name}: trial {trial.number}",
-                                  lambda run: [_TrialLog(self.folder / "trials")], ranks=ranks)
+                                  lambda run: [RunLogSink(str(self.folder / "trials"))], ranks=ranks)
         view = IppCellView(self.cluster.apply_async(RankCall("tune_trial"), trial.number, name, given,
                                                       ranks=ranks), ranks)
         view.on_each_done(self.wake.set)
         view.attach(inbox)
-        self.slot_of[trial.number] = slot
         return TrialRun(slot, ranks, trial, view, inbox, records)
 
     def _pump(self, tr: TrialRun) -> None:
@@ -453,6 +474,7 @@ class Sweep:
                 tr.stopped, tr.stopped_at = f"timed out after {self.trial_timeout:g} s", now
                 self.cluster.interrupt(tr.view.running())
         elif tr.stopped_at is not None and now - tr.stopped_at > GRACE_S and not tr.view.ready():
+            self.lost = True  # its ranks are stuck: no group to give back
             raise RuntimeError(f"jdist.tune: trial {tr.trial.number} on ranks {tr.ranks} did not stop within "
                                f"{GRACE_S:g} s of being {tr.stopped}; run %dist restart, then "
                                "jdist.tune(..., resume=True).")
@@ -512,7 +534,7 @@ class Sweep:
                     why += ": " + "; ".join(tr.where)
                 error = why or f"rank {root.rank}: {root.ename}: {root.evalue}"
                 self._tell(optuna, tr, states.FAIL, error=error, failure=root)
-        tr.records.finish("finished" if not failures else "failed", None if not failures else self.errors.get(tr.trial.number))
+        tr.records.finish("failed" if failures else "finished", self.errors.get(tr.trial.number) if failures else None)
 
     def _tell(self, optuna: Any, tr: TrialRun, state: Any, value: Any = None, error: str | None = None,
               failure: RankFailure | None = None) -> None:
@@ -549,7 +571,7 @@ class Sweep:
         try:
             best = self.study.best_trial
             line += f"; best trial {best.number}: {best.value:.6g} {best.params}"
-        except ValueError:
+        except (ValueError, RuntimeError):  # none completed yet; several objectives have no single best
             pass
         print(line + f". Journal: {self.folder / 'journal.log'}")
         failed = [t for t in trials if t.state.name == "FAIL" and not t.user_attrs.get("jdist_interrupted")]
@@ -600,30 +622,7 @@ def _counts(trial: Any) -> bool:
 
 
 def _plain(line: str) -> str:
-    import re
-
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
-
-
-class _TrialLog:
-    """A trial's run folder under the sweep's ``trials/`` (not in the notebook's run list)."""
-
-    def __init__(self, root: Path):
-        from .sinks import RunLogSink
-
-        self.sink = RunLogSink(str(root))
-
-    def start(self, run: Any) -> None:
-        self.sink.start(run)
-
-    def add(self, records: Any) -> None:
-        self.sink.add(records)
-
-    def tick(self) -> None:
-        pass
-
-    def finish(self, run: Any) -> None:
-        self.sink.finish(run)
 
 
 class SweepView:

@@ -84,7 +84,9 @@ def enter_slots(per_trial: int) -> dict[str, int]:
     comm = world.comm.Split(index, world.rank)
     world.comm.Barrier()  # every rank leaves the world group together
     destroy_process_group()
-    ctx = dataclasses.replace(world, rank=comm.Get_rank(), world_size=per_trial, comm=comm,
+    one_host = len(set(comm.allgather(world.hostname))) == 1  # the kernel refuses slots across hosts
+    ctx = dataclasses.replace(world, rank=comm.Get_rank(), world_size=per_trial, comm=comm, port=None,
+                              master_addr="127.0.0.1" if one_host else world.master_addr,
                               store_tag=f"sweep{_sweeps}-slot{index}-")
     init_process_group(ctx)
     _use_ctx(s, ctx)
@@ -359,7 +361,8 @@ def _as_value(value: Any) -> float | list[float] | None:
 def current_trial() -> Trial:
     """The trial running on this rank (inside an objective run by ``jdist.tune``)."""
     if _trial is None:
-        raise RuntimeError("jdist.should_prune() is called inside an objective that jdist.tune(...) runs.")
+        raise RuntimeError("jdist.should_prune() works inside an objective that jdist.tune(...) runs; "
+                           "no trial runs on this rank.")
     return _trial
 
 
