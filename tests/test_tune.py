@@ -194,6 +194,14 @@ def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, ke
                     "'resumable' / 'journal.log')))).trials)") == 40 + interrupted
 
 
+def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
+    # the kernel has no `dist`: the function's global names are looked up on the ranks
+    tk.run("def kobj(trial):\n    x = trial.suggest_int('x', 0, 3)\n    return x + dist.get_world_size() * 10")
+    out = tk.run("kstudy = jdist.tune(kobj, trials=4, per_trial=2, show=False)")
+    assert "4 complete" in out.stdout, out.stdout
+    assert {int(v) // 10 for v in tk.value("[t.value for t in kstudy.trials]")} == {2}  # the slot's world size
+
+
 def test_bad_input_says_the_fix(tk):
     out = tk.run("jdist.tune('inside', trials=2, per_trial=3)", allow_error=True)
     assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in out.error["evalue"]

@@ -197,8 +197,13 @@ def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, directi
             name = existing[-1].name
         elif not (root / name / "journal.log").exists():
             raise FileNotFoundError(f"resume=True: no sweep called {name!r} in {root}.")
+    elif name is None:  # a new name: two sweeps started in the same second get -2, -3...
+        base = name = time.strftime("sweep-%Y%m%d-%H%M%S")
+        number = 1
+        while (root / name).exists():
+            number += 1
+            name = f"{base}-{number}"
     else:
-        name = name or time.strftime("sweep-%Y%m%d-%H%M%S")
         if (root / name / "journal.log").exists():
             raise FileExistsError(f"A sweep called {name!r} exists in {root}: pass resume=True to go on with it, "
                                   "or another name.")
