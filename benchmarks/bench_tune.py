@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_overhead import quantile  # noqa: E402
+
 OBJECTIVE = """
 import time
 import torch, torch.distributed as dist
@@ -47,14 +50,6 @@ def sleepy(trial):
 """
 
 TARGETS = {"ratio": 1.05, "dispatch_p50_ms": 20.0}
-
-
-def quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def gaps(study: Any) -> list[float]:

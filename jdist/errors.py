@@ -21,8 +21,20 @@ Example:
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour codes (IPython's tracebacks carry them).
+
+    >>> strip_ansi("\x1b[31mValueError\x1b[39m: boom")
+    'ValueError: boom'
+    """
+    return _ANSI.sub("", text)
 
 #: Shown after a fault in which the rank processes died.
 DEAD_HINT = (

@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import signal
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import JdistError
+from jdist.errors import JdistError, strip_ansi
 from jdist.metrics import Run
 from jdist.options import CellOptions
 
@@ -46,7 +45,6 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LAUNCH, EXIT_HANG = 0, 1, 2, 3, 4
 #: 128+N: a rank was killed by signal N (137: SIGKILL, often the out-of-memory killer).
 SIGNAL_BASE = 128
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Terminate(BaseException):
@@ -155,7 +153,7 @@ def error_entries(result: Any, infos: list[dict[str, Any]]) -> list[dict[str, An
             entry.update(kind="interrupted", type=f.ename)
         elif f is not None:
             entry.update(kind="exception", type=f.ename, message=f.evalue,
-                         traceback=[_ANSI.sub("", line) for line in "\n".join(f.traceback).splitlines()])
+                         traceback=[strip_ansi(line) for line in "\n".join(f.traceback).splitlines()])
         entries.append(entry)
     entries.sort(key=lambda e: (e["rank"] != root, e["time"] is None, e["time"] or 0, e["rank"]))
     return entries
@@ -268,7 +266,7 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                 lines = outcome_lines(result, config.n, [f"run log: {run_.path}  (jdist show {run_.run_id})"])
                 (run_.path / "errors.json").write_text(json.dumps(error_entries(result, cluster.ranks), indent=1))
                 for line in lines:
-                    print(line if sys.stderr.isatty() else _ANSI.sub("", line), file=sys.stderr)
+                    print(line if sys.stderr.isatty() else strip_ansi(line), file=sys.stderr)
                 say(f"{title}: {'interrupted' if code == 130 else 'FAILED'} after {elapsed:.1f} s (exit {code})")
             if args.keep is not None and result.obs.death is None and not result.obs.stuck:
                 signals.armed, signals.interrupts = True, 1  # from here, Ctrl-C ends the ranks

@@ -26,14 +26,13 @@ import collections
 import html
 import json
 import queue
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import RankFailure
+from jdist.errors import RankFailure, strip_ansi
 from jdist.metrics import default_run_dir
 from jdist.protocol import RankCall
 
@@ -548,7 +547,7 @@ class Sweep:
             self.errors[trial.number] = error
             trial.set_user_attr("jdist_error", error)
             if failure is not None and failure.traceback:
-                trial.set_user_attr("jdist_traceback", "\n".join(_plain(line) for line in failure.traceback))
+                trial.set_user_attr("jdist_traceback", "\n".join(strip_ansi(line) for line in failure.traceback))
             if tr.output:
                 trial.set_user_attr("jdist_output", "\n".join(tr.output))
             if tr.stopped == "interrupted":
@@ -624,10 +623,6 @@ def _counts(trial: Any) -> bool:
     """Whether a trial counts towards the sweep's budget: finished, and not stopped by an interrupt."""
     name = trial.state.name
     return name in ("COMPLETE", "PRUNED") or (name == "FAIL" and not trial.user_attrs.get("jdist_interrupted"))
-
-
-def _plain(line: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", line)
 
 
 class SweepView:
@@ -715,14 +710,3 @@ class SweepView:
 
 def _fmt_params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
-
-
-def sweep_folders() -> list[Path]:
-    """The sweeps under :func:`sweeps_dir`, newest first."""
-    root = sweeps_dir()
-    if not root.exists():
-        return []
-    return sorted((p for p in root.iterdir() if (p / "journal.log").exists()), key=lambda p: p.stat().st_mtime,
-                  reverse=True)
-
-
