@@ -428,6 +428,43 @@ class RunDetailModel(RunHeadModel):
     panels: list[Panel]
 
 
+SweepStatus = Literal["running", "done", "interrupted", "stopped", "lost"]
+
+
+class SweepSummaryModel(TypedDict):
+    """A ``jdist.tune`` sweep for the sidebar, as the kernel writes it to ``<sweep folder>/sweep.json``
+    (``status`` "lost": written "running" by a kernel whose cluster is gone). ``counts``: trials per
+    state (COMPLETE, PRUNED, FAIL, INTERRUPTED, RUNNING); ``trials``: the sweep's budget."""
+
+    name: str
+    status: SweepStatus
+    cluster_id: str | None
+    notebook: str | None
+    started: float
+    ended: float | None
+    updated: float
+    trials: int
+    per_trial: int
+    slots: int
+    metric: str | None
+    direction: str
+    counts: dict[str, int]
+    best_trial: int | None
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    journal: str
+
+
+class SweepsReply(TypedDict):
+    sweeps: list[SweepSummaryModel]
+
+
+class SweepDetailModel(SweepSummaryModel):
+    """One sweep with its view: the same HTML and SVG the notebook shows (:mod:`jdist.metrics.sweep`)."""
+
+    html: str
+
+
 class ActionResult(TypedDict):
     ok: bool
     via: str | None
@@ -470,9 +507,11 @@ class DashboardHead(TypedDict):
 #: The REST models, in the order the TypeScript file declares them.
 REST_MODELS: tuple[Any, ...] = (
     RankModel, OptionModel, ClusterModel, ClustersReply, SparkModel, RunHeadModel, RunSummaryModel, RunsReply,
-    LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead,
+    LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead, SweepSummaryModel, SweepsReply,
+    SweepDetailModel,
 )
 #: Type aliases of the REST models: (TypeScript name, Python type).
 REST_ALIASES: tuple[tuple[str, Any], ...] = (
     ("RankState", RankStateName), ("ClusterStatus", ClusterStatus), ("Panel", Panel),
+    ("SweepStatus", SweepStatus),
 )

@@ -6,8 +6,8 @@ Playwright; JupyterLab on 127.0.0.1 with a token, its own config/data/runtime/IP
 ``%%distributed -n 2`` training cell, and checks in the page that the sidebar shows the cluster
 with 2 busy ranks and the run with a growing sparkline, that the run view draws the dashboard's
 charts live, that Interrupt in the sidebar stops the training (the cell reports the interrupt,
-the ranks are idle again), and that the notebook dashboard rendered. Screenshots go to
-``build/screenshots/``.
+the ranks are idle again), that the notebook dashboard rendered, and that a ``jdist.tune`` sweep
+is listed in the sidebar while it runs and its view opens. Screenshots go to ``build/screenshots/``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,20 @@ VAL_DRAWN = ("() => {{ const c = document.querySelector('{root} .jp-jdist-chart-
              " return v && l && Number(v.dataset.points) >= 2 && Number(l.dataset.points) > Number(v.dataset.points); }}")
 
 
+OBJECTIVE = """%%distributed
+def quick(trial):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    for step in range(4):
+        time.sleep(0.25)
+        jdist.log(step=step, loss=x * x + 1.0 / (step + 1))
+    return x * x"""
+
+SWEEP = "study = jdist.tune('quick', trials=8, metric='loss', name='lab-sweep')"
+
+
 def _notebook() -> dict:
-    cells = ["%load_ext jdist", SETUP, WARM, TRAIN, "print('after training:', jdist.last_run().status)"]
+    cells = ["%load_ext jdist", SETUP, WARM, TRAIN, "print('after training:', jdist.last_run().status)", OBJECTIVE,
+             SWEEP]
     return {
         "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
                    "source": src} for i, src in enumerate(cells)],
@@ -268,6 +280,27 @@ def _scenario(lab, page) -> None:
     settle(page)
     shot(page, "5-dark-theme.png")
     page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+
+    # a jdist.tune sweep from the notebook (the last two cells): listed in the sidebar while it runs, then done;
+    # its view (the notebook's timeline, curves and trials table) opens in the main area
+    page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'true'", timeout=20_000)
+    page.evaluate("() => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = 5;"
+                  " window.jupyterapp.commands.execute('notebook:run-all-below'); }")
+    sweep = sidebar.locator(".jp-jdist-sweep[data-sweep=lab-sweep]")
+    sidebar.locator(".jp-jdist-sweep[data-sweep=lab-sweep][data-status=running]").wait_for(timeout=120_000)
+    assert "2 slots × 1 rank" in sweep.locator(".jp-jdist-sweep-progress").inner_text()
+    sidebar.locator(".jp-jdist-sweep[data-sweep=lab-sweep][data-status=done][data-ended='8']").wait_for(timeout=120_000)
+    assert "8 / 8 trials" in sweep.locator(".jp-jdist-sweep-progress").inner_text()
+    assert sweep.locator(".jp-jdist-sweep-best").inner_text().startswith("best loss ")
+    sweep.locator(".jp-jdist-open").click()
+    page.wait_for_selector(".jp-jdist-sweepview[data-status=done]", timeout=30_000)
+    frame = page.frame_locator(".jp-jdist-sweepview .jp-jdist-sweep-frame")
+    frame.locator("text=slot 1").first.wait_for(timeout=20_000)
+    assert frame.locator("svg").count() >= 3 and frame.locator("table tr").count() == 9  # header + 8 trials
+    assert page.locator(".jp-Notebook .jp-Cell").nth(6).locator(".jdist-sweep svg").count() >= 3  # the notebook's own
+    settle(page)
+    shot(page, "6-sweep-view.png")
 
     # our extension's code never throws; other code's errors (widgets being closed...) are only shown
     ours = [e for e in errors if "/extensions/jdist/" in e]

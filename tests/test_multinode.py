@@ -122,6 +122,18 @@ where = (rank, socket.gethostname(), local_rank, os.environ.get("GLOO_SOCKET_IFN
 """
 
 
+SLOT_OBJECTIVE = """%%distributed
+import socket, torch.distributed as dist
+def on_host(trial):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)                          # slot ranks 0 + 1: the slot is the default group
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("slot", [dist.get_world_size(), t.item()])
+    return x * x
+"""
+
+
 def ready(out: Any) -> str:
     """The start time the cell printed ("ready after 3.8 s")."""
     m = re.search(r"Ready: .*\(([\d.]+) s\)", out.stdout)
@@ -168,6 +180,20 @@ def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
                                                        (3, "node2", 1)]
     # the job step came back from the ranks (RankInfo["launcher"]) to the launcher, which cancels it if need be
     assert login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().launcher.step")
+
+    # a sweep: slots of 2 ranks are one per node (a slot's ranks share a host: its group meets on the node's
+    # loopback); within a trial the slot is the default group; the 4-rank world group is back afterwards
+    login.run(SLOT_OBJECTIVE)
+    bad = login.run("jdist.tune('on_host', trials=2, per_trial=4)", allow_error=True)
+    assert bad.error and "Slot 0 (ranks 0, 1, 2, 3) would span hosts node1, node2" in bad.error["evalue"], bad.error
+    assert "Use per_trial=1 or 2" in bad.error["evalue"]
+    login.run("study = jdist.tune('on_host', trials=6, per_trial=2, show=False)", timeout=120)
+    seen = login.value("sorted({(t.user_attrs['jdist_slot'], t.user_attrs['host'], tuple(t.user_attrs['slot'])) "
+                       "for t in study.trials if t.state.name == 'COMPLETE'})")
+    assert seen == [(0, "node1", (2, 1.0)), (1, "node2", (2, 1.0))], seen
+    login.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); after = (dist.get_world_size(), t.item())")
+    login.run("%dist pull after")
+    assert [tuple(a) for a in login.value("after")] == [(4, 4.0)] * 4
     t0 = time.perf_counter()
     login.run("%dist stop")
     stop_s = time.perf_counter() - t0

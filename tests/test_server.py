@@ -86,6 +86,7 @@ def runs(server, **kw):
 # -- without a cluster ----------------------------------------------------------------------
 def test_endpoints_need_the_token(server):
     for method, path in [("GET", "clusters"), ("GET", "runs"), ("GET", "runs/20260101-000000-abcdef"),
+                         ("GET", "sweeps"), ("GET", "sweeps/sweep-20260101-000000"),
                          ("POST", "clusters/jdist-1-x/interrupt"), ("POST", "clusters/jdist-1-x/stop")]:
         for token in (False, "wrong-token"):
             status, _ = server.request(method, f"{API}/{path}", token=token)
@@ -100,6 +101,8 @@ def test_unknown_things_are_404_and_bad_ids_rejected(server):
     assert status == 404 and "No run" in body["message"]
     assert server.request("GET", f"{API}/runs/..%2F..%2Fetc")[0] in (400, 404)
     assert server.request("GET", f"{API}/runs?limit=x")[0] == 400
+    assert server.request("GET", f"{API}/sweeps?limit=x")[0] == 400
+    assert server.request("GET", f"{API}/sweeps")[1] == {"sweeps": []}
 
 
 def test_extension_enabled_by_the_shipped_config(server):
@@ -224,6 +227,48 @@ def test_busy_ranks_live_run_and_interrupt_through_the_kernel(server, session):
     assert final["records"] == session.value("len(jdist.last_run().records)")
     status, body = server.request("POST", f"{API}/clusters/{c['cluster_id']}/interrupt")
     assert status == 409 and "idle" in body["message"]
+
+
+SWEEP = """%%distributed
+import time
+def quick(trial):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    for step in range(3):
+        time.sleep(0.15)
+        jdist.log(step=step, loss=x * x + 1.0 / (step + 1))
+    return x * x
+"""
+
+
+def test_sweeps_listed_live_then_done_with_their_view(server, session):
+    """A real jdist.tune sweep in the server's kernel: listed while it runs (trials running on 2 slots), then done
+    with its best trial, and its view (the notebook's HTML and SVG); a copy written "running" by a cluster that is
+    gone is "lost"; bad and unknown names are refused."""
+    session.run(SWEEP)
+    msg_id = session.start("study = jdist.tune('quick', trials=6, name='srv-sweep', metric='loss', show=False)")
+    live = wait_for(lambda: next((s for s in server.get(f"{API}/sweeps")["sweeps"] if s["name"] == "srv-sweep"
+                                  and s["status"] == "running" and s["counts"].get("RUNNING")), None),
+                    what="the sweep listed while it runs")
+    assert live["slots"] == 2 and live["per_trial"] == 1 and live["trials"] == 6 and live["notebook"] == "work/train.ipynb"
+    out = session.collect(msg_id, timeout=120)
+    assert not out.error and "Sweep done: srv-sweep, 6 complete" in out.stdout, out.stdout
+    (done,) = [s for s in server.get(f"{API}/sweeps")["sweeps"] if s["name"] == "srv-sweep"]
+    assert done["status"] == "done" and done["counts"] == {"COMPLETE": 6} and done["ended"] >= done["started"]
+    assert done["best_value"] == pytest.approx(session.value("study.best_value"))
+    assert done["best_params"] == session.value("study.best_params") and done["metric"] == "loss"
+    assert done["journal"].endswith("sweeps/srv-sweep/journal.log")
+    detail = server.get(f"{API}/sweeps/srv-sweep")
+    assert detail["status"] == "done" and detail["html"].count("<svg") >= 3 and ">slot 1<" in detail["html"]
+
+    folder = server.dirs["runs"] / "sweeps" / "gone-sweep"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({**done, "name": "gone-sweep", "status": "running",
+                                                   "cluster_id": "jdist-gone-1", "ended": None, "notebook": None}))
+    (lost,) = [s for s in server.get(f"{API}/sweeps")["sweeps"] if s["name"] == "gone-sweep"]
+    assert lost["status"] == "lost" and lost["notebook"] is None
+    assert server.get(f"{API}/sweeps/gone-sweep")["html"] == ""  # no view written: the summary alone
+    assert server.request("GET", f"{API}/sweeps/nope")[0] == 404
+    assert server.request("GET", f"{API}/sweeps/.hidden")[0] == 400
 
 
 def test_manager_on_the_same_state_without_a_server(server, session):

@@ -215,6 +215,20 @@ def test_bad_input_says_the_fix(tk):
     assert "no sweep called 'never-ran'" in out.error["evalue"]
 
 
+def test_a_rank_that_cannot_form_its_slot_stops_the_sweep_with_why_and_the_world_is_untouched(tk):
+    # rank 1 says its slots are set up already (as after a sweep whose end was lost): every rank refuses
+    # together before any group changes, the trials queued behind are stopped and not counted
+    tk.run("%%distributed\nif rank == 1:\n    import jdist.rank.tune as _rt; _rt._slot = 'stale'")
+    out = tk.run("jdist.tune('slow', trials=4, per_trial=2, name='refused')", allow_error=True, timeout=120)
+    assert out.error and "the slots could not be formed" in out.error["evalue"], out.shown
+    assert "rank 1: its slots are already set up" in out.error["evalue"] and "Sweep stopped" in out.stdout
+    assert tk.value("[t.user_attrs.get('jdist_interrupted') for t in jdist.kernel.tune._last.study.trials]") \
+        in ([], [True], [True, True])
+    tk.run("%%distributed\nif rank == 1:\n    _rt._slot = None")
+    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(dist.get_world_size(), float(t))")
+    assert out.stdout.strip() == "4 4.0"
+
+
 def test_fsdp_trains_inside_the_slots(tk):
     tk.run("%%distributed --backend fsdp --restart\nimport time, torch, torch.nn as nn, torch.distributed as dist\n"
            "def sharded(trial):\n"

@@ -1,8 +1,9 @@
 """``jdist.tune``: a hyper-parameter sweep driven from the notebook, trials on slots of the ranks.
 
-The kernel owns an Optuna study (its journal file in the sweep's folder, Optuna's own format); the
-running cluster's ranks are tiled into slots of ``per_trial`` ranks, each slot its own torch default
-group while the sweep runs (:mod:`jdist.rank.tune`). Every free slot gets the next trial at once
+The kernel owns an Optuna study, in memory and mirrored to its journal file in the sweep's folder in
+Optuna's own format (:mod:`jdist.kernel.journal`; ``sweep.json`` and ``view.html`` there are for the
+sidebar). The running cluster's ranks are tiled into slots of ``per_trial`` ranks, each slot its own
+torch default group while the sweep runs (:mod:`jdist.rank.tune`). Every free slot gets the next trial at once
 (no barrier across slots); ``jdist.log`` of the sweep's ``metric`` and ``trial.report`` feed the
 pruner; a trial that raises, hangs past ``trial_timeout`` or is interrupted is told FAIL with its
 rank's traceback and its slot repaired; Ctrl-C stops the sweep and keeps every finished trial,
@@ -25,7 +26,9 @@ from __future__ import annotations
 import collections
 import html
 import json
+import math
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +58,8 @@ FAILED_SHOWN = 5
 PREFETCH_BELOW_S = 10.0
 #: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
 GRACE_S = 15.0
+#: A sweep's name: its folder under :func:`sweeps_dir` and its link in the sidebar.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 REPLY_TYPE = "jdist_tune_reply"  # jdist.rank.tune.REPLY_TYPE (the kernel does not import rank code)
 
 _last: Sweep | None = None
@@ -82,6 +87,7 @@ def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: 
     >>> study = jdist.tune("objective", trials=8, per_trial=2, metric="val_loss")   # doctest: +SKIP
     """
     global _last
+    t0 = time.perf_counter()
     optuna = _optuna()
     cluster = cl.current()
     if cluster is None or cluster.client is None:
@@ -101,8 +107,10 @@ def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: 
     if problem:
         raise ValueError(problem)
     objective_name = _objective_on_ranks(cluster, objective)
-    folder, study = _open_study(optuna, study, name, resume, direction, pruner, sampler)
+    folder, study, journal = _open_study(optuna, study, name, resume, direction, pruner, sampler)
     sweep = Sweep(cluster, study, objective_name, per_trial, metric, trials, trial_timeout, folder, show)
+    sweep.journal = journal
+    sweep.phases["before_s"] = time.perf_counter() - t0
     _last = sweep
     sweep.run()
     return study
@@ -180,13 +188,17 @@ def sweeps_dir() -> Path:
 def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, direction: str, pruner: Any,
                 sampler: Any) -> tuple[Path, Any]:
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+
+    from .journal import MirroredJournal
 
     root = sweeps_dir()
+    if name is not None and (not SWEEP_NAME.fullmatch(name) or name.startswith(".")):
+        raise ValueError(f"name={name!r}: a sweep's name is its folder's (and the sidebar's link): use letters, "
+                         "digits, '.', '_' and '-', not starting with '.'.")
     if study is not None:
-        folder = root / study.study_name
+        folder = root / (re.sub(r"[^A-Za-z0-9_.-]", "_", study.study_name).lstrip(".") or "study")
         folder.mkdir(parents=True, exist_ok=True)
-        return folder, study
+        return folder, study, None
     if resume:
         if name is None:
             existing = sorted((p for p in root.glob("*") if (p / "journal.log").exists()),
@@ -208,10 +220,14 @@ def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, directi
                                   "or another name.")
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+    journal = MirroredJournal(folder / "journal.log")
+    if journal.dropped_tail:
+        print(f"jdist.tune: the last line of {journal.path} was cut off (its writer stopped mid-line); it was "
+              "dropped, the lines before it are read.")
+    storage = JournalStorage(journal)
     study = optuna.create_study(study_name=name, storage=storage, direction=direction,
                                 pruner=make_pruner(optuna, pruner), sampler=sampler, load_if_exists=resume)
-    return folder, study
+    return folder, study, journal
 
 
 class _Wake:
@@ -269,10 +285,17 @@ class Sweep:
         self.wake = threading.Event()
         self.interrupted = False
         self.lost = False  # a rank died or a trial's ranks are stuck: no world group to form again
-        self.view = SweepView(self) if show else None
+        self.journal: Any = None  # the MirroredJournal of a study jdist created
+        self.status = "running"  # then done / interrupted / stopped (sweep.json, for the sidebar)
+        self.started = time.time()
+        self.view = SweepView(self, show)
         self.dispatch_s: list[float] = []  # trial finished (seen) -> next trial sent on that slot
         self.freed_at: dict[int, float] = {}
         self.phases: dict[str, float] = {}  # seconds: forming the slots, the trials, the world group again
+        self.t0 = 0.0
+        self.entering: Any = None  # tune_enter's AsyncResult until every rank answered
+        self.enter_error: str | None = None
+        self.enter_refused = False
         # Parameters asked for with the trial (no round trip when the objective suggests them the same way)
         self.space = _optuna().search_space.IntersectionSearchSpace()
 
@@ -281,24 +304,55 @@ class Sweep:
         optuna = _optuna()
         name = self.objective
         self._close_stale(optuna)
-        t0 = time.perf_counter()
-        self.cluster.call("tune_enter", self.per_trial, timeout=120)
-        t1 = time.perf_counter()
+        self.t0 = t0 = time.perf_counter()
+        # every rank forms its slot while the first trials travel: they wait behind it in the engines' queues
+        self.entering = self.cluster.apply_async(RankCall("tune_enter"), self.per_trial)
+        self.entering.add_done_callback(lambda _: self.wake.set())
         try:
             self._loop(optuna, name)
+            if self.enter_error is not None:
+                raise RuntimeError(f"jdist.tune: the slots could not be formed, {self.enter_error}")
+            self.status = "interrupted" if self.interrupted else "done"
+        except BaseException:
+            self.status = "stopped"
+            raise
         finally:
             t2 = time.perf_counter()
-            notes = [] if self.lost else self._leave()
-            self.phases = {"slots_s": t1 - t0, "trials_s": t2 - t1, "world_s": time.perf_counter() - t2}
-            if self.view is not None:
-                self.view.update(final=True)
+            notes = [] if self.lost or self.enter_refused else self._leave()
+            t3 = time.perf_counter()
+            self.phases.update(trials_s=t2 - t0, world_s=t3 - t2)
+            self.view.update(final=True)
+            notes += self._flush_journal()
             self._say_end(notes)
+            self.phases["after_s"] = time.perf_counter() - t3
+
+    def _check_entered(self) -> None:
+        """Once every rank answered ``tune_enter``: if one could not form its slot, nothing more is sent
+        and the trials queued behind it are stopped, not counted (:meth:`run` then raises why)."""
+        ar = self.entering
+        if ar is None or not ar.ready():
+            return
+        self.entering = None
+        self.phases["slots_s"] = time.perf_counter() - self.t0
+        try:
+            ar.get(0)
+        except Exception as exc:
+            errors = getattr(exc, "elist", None) or [(type(exc).__name__, str(exc))]
+            # every rank refused before changing its group (jdist.rank.tune.enter_slots): nothing to give back
+            self.enter_refused = len(errors) == len(ar) and all("Nothing was changed" in str(e[1]) for e in errors)
+            self.enter_error = "; ".join(strip_ansi(f"{e[0]}: {e[1]}") for e in errors[:2]) + \
+                " (run %dist restart if the ranks do not answer)"
+            self.interrupted = True
+            self._stop_all("interrupted")
+            for tr in self.ending:
+                tr.stopped = tr.stopped or "interrupted"
 
     def _loop(self, optuna: Any, name: str) -> None:
         while True:
             try:
+                self._check_entered()
                 self._dispatch(name)
-                if not self.running and not self.ending:
+                if not self.running and not self.ending and self.entering is None:
                     return
                 self.wake.wait(0.05 if self.ending else 0.25)
                 self.wake.clear()
@@ -320,12 +374,12 @@ class Sweep:
                     if tr in self.running.values():
                         self._watch(tr)
                 self._dispatch(name)
-                for tr in list(self.ending):  # told once their last messages are in (at most 1 s)
-                    if tr.view.ar.wait_for_output(0) or time.monotonic() - tr.ended > 1.0:
+                self._check_entered()  # trials are told once every rank formed its slot (or said why not)
+                for tr in list(self.ending) if self.entering is None else ():  # and their last messages are in
+                    if tr.view.ar.wait_for_output(0) or time.monotonic() - tr.ended > 1.0:  # (at most 1 s)
                         self.ending.remove(tr)
                         self._finish(optuna, tr)
-                if self.view is not None:
-                    self.view.update()
+                self.view.update()
             except KeyboardInterrupt:
                 if self.interrupted:  # a second Ctrl-C: stop waiting for the trials
                     self._kill_running(optuna)
@@ -493,6 +547,8 @@ class Sweep:
         return [f"rank {r} {summary(frames)}" for r, frames in sorted(stacks.items()) if frames]
 
     def _stop_all(self, why: str) -> None:
+        if self.entering is not None:  # the slots form first: a signal in the middle would leave them half made
+            self.entering.wait(GRACE_S)
         now = time.time()
         for tr in self.queued.values():  # not started: taken out of the engines' queues
             tr.stopped, tr.stopped_at = why, now
@@ -557,6 +613,19 @@ class Sweep:
         self.study.tell(trial, value, state=state)
         self.timeline.append((tr.slot, trial.number, tr.started or time.time(), time.time(), state.name))
 
+    def _flush_journal(self) -> list[str]:
+        """Wait for the journal file to hold every trial (a mirrored journal writes from a thread)."""
+        from .journal import JournalWriteError
+
+        if self.journal is None:  # a study of the user's own, with its own storage
+            return []
+        try:
+            self.journal.flush()
+        except JournalWriteError as exc:
+            return [f"Every trial is in the study in memory, but {exc}: save it with "
+                    "optuna.copy_study(...) to another storage before the kernel stops."]
+        return []
+
     def _leave(self) -> list[str]:
         try:
             answers = self.cluster.call("tune_leave", timeout=120)
@@ -570,7 +639,7 @@ class Sweep:
         states = collections.Counter("INTERRUPTED" if t.user_attrs.get("jdist_interrupted") else t.state.name
                                      for t in trials)
         parts = [f"{states[k]} {k.lower()}" for k in ("COMPLETE", "PRUNED", "FAIL", "INTERRUPTED") if states.get(k)]
-        head = "Sweep interrupted" if self.interrupted else "Sweep done"
+        head = {"done": "Sweep done", "interrupted": "Sweep interrupted"}.get(self.status, "Sweep stopped")
         line = f"{head}: {self.study.study_name}, {', '.join(parts) or 'no trials'}"
         try:
             best = self.study.best_trial
@@ -583,7 +652,7 @@ class Sweep:
             print(f"  trial {t.number} failed: {t.user_attrs.get('jdist_error', 'no error recorded')}")
         if len(failed) > FAILED_SHOWN:
             print(f"  ... and {len(failed) - FAILED_SHOWN} more: jdist.last_sweep() has each trial's error.")
-        if self.interrupted:
+        if self.status != "done":
             print("Every finished trial is kept; go on with jdist.tune(..., resume=True).")
         for note in notes:
             print(note)
@@ -626,11 +695,14 @@ def _counts(trial: Any) -> bool:
 
 
 class SweepView:
-    """The sweep in the notebook: progress, best so far and the trials table, redrawn at most
-    twice a second in one display (its last state stays in the saved notebook)."""
+    """The sweep in the notebook (``show``): progress, best so far and the trials table, redrawn at most
+    twice a second in one display (its last state stays in the saved notebook); and the same for the
+    sidebar: ``sweep.json`` (:class:`jdist.protocol.SweepSummaryModel`) and ``view.html`` in the
+    sweep's folder, each replaced whole (never read half-written)."""
 
-    def __init__(self, sweep: Sweep, every_s: float = 0.5):
+    def __init__(self, sweep: Sweep, show: bool = True, every_s: float = 0.5):
         self.sweep = sweep
+        self.show = show
         self.every_s = every_s
         self.last = 0.0
         self.handle: Any = None
@@ -640,23 +712,55 @@ class SweepView:
         if not final and now - self.last < self.every_s:
             return
         self.last = now
+        rows = self.rows()
+        page = self.html(rows)
+        try:
+            _replace(self.sweep.folder / "view.html", page)
+            _replace(self.sweep.folder / "sweep.json", json.dumps(self.summary(rows), allow_nan=False))
+        except (OSError, ValueError) as exc:  # a full disk, a value JSON cannot carry: the sweep goes on
+            if final:
+                print(f"jdist.tune: the sidebar's copy of the sweep could not be written ({exc}).")
+        if not self.show:
+            return
         from IPython.display import HTML, display
 
-        out = HTML(self.html())
+        out = HTML(page)
         if self.handle is None:
             self.handle = display(out, display_id=True)
         else:
             self.handle.update(out)
 
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The sweep for the sidebar (a :class:`jdist.protocol.SweepSummaryModel`)."""
+        sw = self.sweep
+        best = _best(sw.study)
+        return {"name": sw.folder.name, "status": sw.status, "cluster_id": sw.cluster.cluster_id,
+                "notebook": None, "started": sw.started, "ended": None if sw.status == "running" else time.time(),
+                "updated": time.time(), "trials": sw.trials, "per_trial": sw.per_trial, "slots": len(sw.slots),
+                "metric": sw.metric, "direction": sw.study.directions[0].name.lower(),
+                "counts": dict(collections.Counter(r["state"] for r in rows)),
+                "best_trial": best.number if best else None,
+                "best_value": best.value if best and math.isfinite(best.value) else None,
+                "best_params": {k: _plain_value(v) for k, v in best.params.items()} if best else None,
+                "journal": str(sw.folder / "journal.log")}
+
     def rows(self) -> list[dict[str, Any]]:
         sw = self.sweep
         running = {tr.trial.number for tr in sw.running.values()}
         queued = {tr.trial.number for tr in sw.queued.values()}
+        # when each trial ran on its ranks (Optuna's datetime_start is when it was asked: a queued trial waits)
+        ran = {trial: (start, end) for _, trial, start, end, _ in sw.timeline}
+        ran.update((tr.trial.number, (tr.started, None)) for tr in sw.running.values() if tr.started is not None)
         rows = []
         for t in sw.study.get_trials(deepcopy=False):
-            state = "QUEUED" if t.number in queued else "RUNNING" if t.number in running else t.state.name
+            state = ("QUEUED" if t.number in queued else "RUNNING" if t.number in running
+                     else "INTERRUPTED" if t.user_attrs.get("jdist_interrupted") else t.state.name)
             end = t.datetime_complete.timestamp() if t.datetime_complete else time.time()
             start = t.datetime_start.timestamp() if t.datetime_start else end
+            if t.number in ran:
+                start, end = ran[t.number][0], ran[t.number][1] or time.time()
+            elif state == "QUEUED":
+                start = end
             last = max(t.intermediate_values) if t.intermediate_values else None
             rows.append({"trial": t.number, "state": state, "slot": t.user_attrs.get("jdist_slot"),
                          "params": t.params, "value": t.value,
@@ -664,20 +768,17 @@ class SweepView:
                          "seconds": end - start, "error": t.user_attrs.get("jdist_error")})
         return rows
 
-    def html(self) -> str:
+    def html(self, rows: list[dict[str, Any]] | None = None) -> str:
         from jdist.metrics import sweep as panels
 
         sw = self.sweep
-        rows = self.rows()
+        rows = self.rows() if rows is None else rows
         counts = collections.Counter(r["state"] for r in rows)
         head = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
         single = len(sw.study.directions) == 1
-        try:
-            best = sw.study.best_trial if single else None
-            best_line = (f"best trial {best.number}: <b>{best.value:.6g}</b> {html.escape(_fmt_params(best.params))}"
-                         if best is not None else "")
-        except ValueError:
-            best_line = "no trial completed yet"
+        best = _best(sw.study)
+        best_line = (f"best trial {best.number}: <b>{best.value:.6g}</b> {html.escape(_fmt_params(best.params))}"
+                     if best is not None else "no trial completed yet" if single else "")
         cells = []
         for r in sorted(rows, key=lambda r: (r["state"] not in ("RUNNING", "QUEUED"), -r["trial"]))[:TABLE_ROWS]:
             value = f"{r['value']:.6g}" if isinstance(r["value"], float) else ""
@@ -706,6 +807,23 @@ class SweepView:
                 f"<div>{panels.parallel_svg([(t.params, t.value) for t in done], sw.study.direction.name.lower())}</div>"
                 "<table><tr><th>trial</th><th>state</th><th>slot</th><th>params</th><th>value</th>"
                 f"<th>last reported</th><th>s</th><th>error</th></tr>{''.join(cells)}</table>{more}</div>")
+
+
+def _best(study: Any) -> Any:
+    """The study's best trial; None before one completed, or with several objectives (no single best)."""
+    if len(study.directions) != 1:
+        return None
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` whole: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _fmt_params(params: dict[str, Any]) -> str:

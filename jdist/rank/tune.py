@@ -41,6 +41,8 @@ from .session import session
 
 #: The control-channel message type the kernel answers with (see the module doc).
 REPLY_TYPE = "jdist_tune_reply"
+#: How often a rank checks whether its slot partners reached the agreement before a trial (seconds).
+POLL_S = 0.0005
 #: How long a rank waits for the kernel's answer to a request before raising.
 ANSWER_TIMEOUT_S = 120.0
 
@@ -73,12 +75,17 @@ def enter_slots(per_trial: int) -> dict[str, int]:
 
     s = session()
     world = s.ctx
-    if _slot is not None:
-        raise RuntimeError("A sweep's slots are already set up on this rank (jdist.tune is running).")
-    if per_trial < 1 or world.world_size % per_trial:
-        raise ValueError(f"per_trial={per_trial} does not divide the {world.world_size} ranks into slots.")
     if world.comm is None:
         raise RuntimeError("jdist.tune needs MPI ranks (a %%distributed cluster).")
+    if per_trial < 1 or world.world_size % per_trial:
+        raise ValueError(f"per_trial={per_trial} does not divide the {world.world_size} ranks into slots.")
+    # every rank says whether it can take part before any of them changes its group: a rank that raised
+    # alone would leave the others waiting in the Split below
+    mine = "its slots are already set up (a sweep is running)" if _slot is not None else None
+    problems = world.comm.allgather(mine)
+    if any(problems):
+        raise RuntimeError("; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p) +
+                           ". Nothing was changed on the ranks.")
     _sweeps += 1
     index = world.rank // per_trial
     comm = world.comm.Split(index, world.rank)
@@ -124,17 +131,27 @@ def repair_if_broken(slot: Slot) -> bool:
 
     s = session()
     mine = slot.failed or bool(s.guard is not None and s.guard.broken)
-    if not slot.comm.allreduce(mine, op=_mpi_lor()):
+    if not any_rank(slot.comm, mine):
         return False
     recreate_process_group(s.ctx)
     slot.failed = False
     return True
 
 
-def _mpi_lor() -> Any:
+def any_rank(comm: Any, flag: bool, poll_s: float = POLL_S) -> bool:
+    """Whether ``flag`` is true on any rank of ``comm`` (collective), waiting without spinning: MPICH's
+    blocking collectives poll a core while they wait, and with more ranks than cores the rank that waits
+    takes the CPU its slot partner needs to get there (measured: 20 ms gaps between trials, 8 ranks on 2
+    cores)."""
+    import numpy as np
     from mpi4py import MPI
 
-    return MPI.LOR
+    mine = np.array([int(flag)], dtype=np.int32)
+    out = np.zeros(1, dtype=np.int32)
+    request = comm.Iallreduce(mine, out, op=MPI.MAX)
+    while not request.Test():
+        time.sleep(poll_s)
+    return bool(out[0])
 
 
 def _use_ctx(s: Any, ctx: Any) -> None:

@@ -6,6 +6,8 @@ Routes, under the server's base URL:
 - ``POST jdist/api/clusters/<cluster id>/interrupt|restart|stop``
 - ``GET  jdist/api/runs?limit=N``: recent runs with sparkline series
 - ``GET  jdist/api/runs/<run id>``: one run with the dashboard panels' data
+- ``GET  jdist/api/sweeps?limit=N``: recent ``jdist.tune`` sweeps (trials per state, best so far)
+- ``GET  jdist/api/sweeps/<name>``: one sweep with its view (the notebook's HTML and SVG)
 """
 
 from __future__ import annotations
@@ -68,6 +70,22 @@ class RunHandler(_Base):
         await self.call(self.manager.run(run_id))
 
 
+class SweepsHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        try:
+            limit = int(self.get_query_argument("limit", str(DEFAULT_RUN_LIMIT)))
+        except ValueError:
+            raise tornado.web.HTTPError(400, "limit must be an integer") from None
+        await self.call(_wrap("sweeps", self.manager.sweeps(min(max(limit, 1), 200))))
+
+
+class SweepHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        await self.call(self.manager.sweep(name))
+
+
 async def _wrap(key: str, coro: Any) -> dict[str, Any]:
     return {key: await coro}
 
@@ -80,4 +98,6 @@ def setup_handlers(web_app: Any, manager: JdistManager) -> None:
         (url_path_join(base, "clusters", f"({_ID})", "(interrupt|restart|stop)"), ClusterActionHandler),
         (url_path_join(base, "runs"), RunsHandler),
         (url_path_join(base, "runs", f"({_ID})"), RunHandler),
+        (url_path_join(base, "sweeps"), SweepsHandler),
+        (url_path_join(base, "sweeps", f"({_ID})"), SweepHandler),
     ])

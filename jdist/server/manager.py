@@ -7,6 +7,7 @@
 - kernels: :class:`~jdist.server.kernels.KernelWatcher` (busy/idle of the server's kernels);
 - notebook paths: the Jupyter server's session manager (kernel id -> notebook);
 - runs: :class:`~jdist.server.runs.RunIndex` (the run folders, with the dashboard's panels);
+- sweeps: :class:`~jdist.server.sweeps.SweepIndex` (``jdist.tune``'s folders, with their view);
 - actions: interrupt (the kernel through the server's kernel manager while it runs a cell,
   it forwards SIGINT to the ranks; else SIGINT to the ranks through the controller),
   restart and stop (``%dist restart`` / ``%dist stop`` executed in the idle kernel, so its
@@ -34,11 +35,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from jdist.metrics import default_run_dir
-from jdist.protocol import ActionResult, ClusterModel, ClusterState, RankModel, RunDetailModel, RunSummaryModel
+from jdist.protocol import (ActionResult, ClusterModel, ClusterState, RankModel, RunDetailModel, RunSummaryModel,
+                            SweepDetailModel, SweepSummaryModel)
 
 from .kernels import KernelWatcher
 from .registry import CONTROLLER_TIMEOUT_S, ClusterRegistry
 from .runs import RunIndex
+from .sweeps import SweepIndex
 
 #: Runs listed by default (every running one plus the most recent others).
 DEFAULT_RUN_LIMIT = 12
@@ -75,6 +78,7 @@ class JdistManager:
         self.registry = ClusterRegistry(list(runtime_dirs) if runtime_dirs is not None else [None], self.log)
         self.kernels = KernelWatcher(kernel_manager, self.log)
         self.runs_index = RunIndex(run_dir if run_dir is not None else default_run_dir())
+        self.sweeps_index = SweepIndex(self.runs_index.run_dir)
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="jdist-manager")
@@ -284,3 +288,26 @@ class JdistManager:
     async def run(self, run_id: str) -> RunDetailModel:
         """One run with the dashboard's panels (as the notebook dashboard draws them)."""
         return await self._run(self._run_detail, run_id, await self._notebooks())
+
+    # -- sweeps ----------------------------------------------------------------------------
+    def _list_sweeps(self, limit: int, sessions: dict[str, str]) -> list[SweepSummaryModel]:
+        roots, live, notebooks = self._run_context(sessions)
+        return self.sweeps_index.summaries(roots, limit, live, notebooks)
+
+    async def sweeps(self, limit: int = DEFAULT_RUN_LIMIT) -> list[SweepSummaryModel]:
+        """The sweeps started last (newest first): status, trials per state, best so far."""
+        return await self._run(self._list_sweeps, limit, await self._notebooks())
+
+    def _sweep_detail(self, name: str, sessions: dict[str, str]) -> SweepDetailModel:
+        roots, live, notebooks = self._run_context(sessions)
+        try:
+            detail = self.sweeps_index.detail(name, roots, live, notebooks)
+        except ValueError as exc:
+            raise ActionError(400, str(exc)) from None
+        if detail is None:
+            raise ActionError(404, f"No sweep {name!r} in the run log's sweeps folder.")
+        return detail
+
+    async def sweep(self, name: str) -> SweepDetailModel:
+        """One sweep with its view (the HTML and SVG the notebook shows)."""
+        return await self._run(self._sweep_detail, name, await self._notebooks())

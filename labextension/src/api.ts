@@ -11,7 +11,10 @@ import {
   IClustersReply,
   IRunDetail,
   IRunsReply,
-  IRunSummary
+  IRunSummary,
+  ISweepDetail,
+  ISweepsReply,
+  ISweepSummary
 } from './protocol';
 
 // The REST models are generated from jdist/protocol.py (tools/gen_protocol_ts.py).
@@ -55,6 +58,8 @@ export const api = {
   clusters: (): Promise<ICluster[]> => requestAPI<IClustersReply>('clusters').then(d => d.clusters),
   runs: (limit = 12): Promise<IRunSummary[]> => requestAPI<IRunsReply>(`runs?limit=${limit}`).then(d => d.runs),
   run: (runId: string) => requestAPI<IRunDetail>(`runs/${encodeURIComponent(runId)}`),
+  sweeps: (limit = 6): Promise<ISweepSummary[]> => requestAPI<ISweepsReply>(`sweeps?limit=${limit}`).then(d => d.sweeps),
+  sweep: (name: string) => requestAPI<ISweepDetail>(`sweeps/${encodeURIComponent(name)}`),
   action: (clusterId: string, action: 'interrupt' | 'restart' | 'stop') =>
     requestAPI<IActionResult>(`clusters/${encodeURIComponent(clusterId)}/${action}`, { method: 'POST' })
 };

@@ -1,13 +1,15 @@
 /**
- * jdist's JupyterLab extension: the "Distributed" left sidebar and the run view.
+ * jdist's JupyterLab extension: the "Distributed" left sidebar, the run view and the sweep view.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 
 import { RunView, createRunWidget } from './runview';
 import { DistributedSidebar } from './sidebar';
+import { SweepView, createSweepWidget } from './sweepview';
 
 const OPEN_RUN = 'jdist:open-run';
+const OPEN_SWEEP = 'jdist:open-sweep';
 const SHOW_SIDEBAR = 'jdist:show-sidebar';
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -38,7 +40,31 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
-    const sidebar = new DistributedSidebar(runId => void app.commands.execute(OPEN_RUN, { runId }));
+    const sweeps = new WidgetTracker<MainAreaWidget<SweepView>>({ namespace: 'jdist-sweep' });
+    app.commands.addCommand(OPEN_SWEEP, {
+      label: args => (args.name ? `Open jdist sweep ${args.name}` : 'Open jdist sweep'),
+      execute: args => {
+        const name = String(args.name ?? '');
+        if (!name) {
+          return;
+        }
+        const existing = sweeps.find(w => w.content.name === name);
+        if (existing) {
+          app.shell.activateById(existing.id);
+          return existing;
+        }
+        const widget = createSweepWidget(name);
+        void sweeps.add(widget);
+        app.shell.add(widget, 'main');
+        app.shell.activateById(widget.id);
+        return widget;
+      }
+    });
+
+    const sidebar = new DistributedSidebar(
+      runId => void app.commands.execute(OPEN_RUN, { runId }),
+      name => void app.commands.execute(OPEN_SWEEP, { name })
+    );
     app.shell.add(sidebar, 'left', { rank: 900 });
 
     app.commands.addCommand(SHOW_SIDEBAR, {
@@ -53,6 +79,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         command: OPEN_RUN,
         args: w => ({ runId: w.content.runId }),
         name: w => w.content.runId
+      });
+      void restorer.restore(sweeps, {
+        command: OPEN_SWEEP,
+        args: w => ({ name: w.content.name }),
+        name: w => w.content.name
       });
     }
   }

@@ -9,6 +9,8 @@ export type ClusterStatus = 'running' | 'degraded' | 'dead';
 
 export type Panel = ILinePanel | IBarPanel;
 
+export type SweepStatus = 'running' | 'done' | 'interrupted' | 'stopped' | 'lost';
+
 export interface IRank {
   rank: number;
   host: string;
@@ -185,4 +187,49 @@ export interface IDashboardHead {
   done: number;
   total: number | null;
   progress: string;
+}
+
+export interface ISweepSummary {
+  name: string;
+  status: SweepStatus;
+  cluster_id: string | null;
+  notebook: string | null;
+  started: number;
+  ended: number | null;
+  updated: number;
+  trials: number;
+  per_trial: number;
+  slots: number;
+  metric: string | null;
+  direction: string;
+  counts: Record<string, number>;
+  best_trial: number | null;
+  best_value: number | null;
+  best_params: Record<string, any> | null;
+  journal: string;
+}
+
+export interface ISweepsReply {
+  sweeps: ISweepSummary[];
+}
+
+export interface ISweepDetail {
+  name: string;
+  status: SweepStatus;
+  cluster_id: string | null;
+  notebook: string | null;
+  started: number;
+  ended: number | null;
+  updated: number;
+  trials: number;
+  per_trial: number;
+  slots: number;
+  metric: string | null;
+  direction: string;
+  counts: Record<string, number>;
+  best_trial: number | null;
+  best_value: number | null;
+  best_params: Record<string, any> | null;
+  journal: string;
+  html: string;
 }

@@ -1,7 +1,8 @@
 /**
- * The "Distributed" sidebar: running clusters (per rank idle/busy/dead, interrupt/restart/stop)
- * and recent runs with live sparklines (one per dashboard panel that defines one: loss and step
- * time, and plugins' panels). Polls the REST API every second while it is visible.
+ * The "Distributed" sidebar: running clusters (per rank idle/busy/dead, interrupt/restart/stop),
+ * jdist.tune sweeps (./sweeps.ts) and recent runs with live sparklines (one per dashboard panel
+ * that defines one: loss and step time, and plugins' panels). Polls the REST API every second
+ * while it is visible.
  */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
@@ -12,6 +13,7 @@ import type { ISpark } from './protocol';
 import { sparkline } from './charts';
 import { duration, fmt, h, runTime, seconds, setChildren } from './dom';
 import { jdistIcon } from './icon';
+import { SweepList } from './sweeps';
 
 const POLL_MS = 1000;
 type Action = 'interrupt' | 'restart' | 'stop';
@@ -33,7 +35,10 @@ interface IRunRow {
 }
 
 export class DistributedSidebar extends Widget {
-  constructor(private openRun: (runId: string) => void) {
+  constructor(
+    private openRun: (runId: string) => void,
+    openSweep: (name: string) => void
+  ) {
     super();
     this.id = 'jdist-sidebar';
     this.title.icon = jdistIcon;
@@ -44,11 +49,13 @@ export class DistributedSidebar extends Widget {
     this.status = h('div', { class: 'jp-jdist-status' });
     this.clustersEl = h('div', { class: 'jp-jdist-clusters' });
     this.runsEl = h('div', { class: 'jp-jdist-runs' });
+    this.sweeps = new SweepList(h('div', { class: 'jp-jdist-sweeps', hidden: true }), openSweep);
     this.node.append(
       h('header', { class: 'jp-jdist-header' }, h('span', { class: 'jp-jdist-title' }, 'Distributed'), refresh),
       this.status,
       h('h3', { class: 'jp-jdist-section-title' }, 'Clusters'),
       this.clustersEl,
+      this.sweeps.el,
       h('h3', { class: 'jp-jdist-section-title' }, 'Runs'),
       this.runsEl
     );
@@ -98,10 +105,11 @@ export class DistributedSidebar extends Widget {
   async refresh(): Promise<void> {
     this.busy = true;
     try {
-      const [clusters, runs] = await Promise.all([api.clusters(), api.runs()]);
+      const [clusters, sweeps, runs] = await Promise.all([api.clusters(), api.sweeps(), api.runs()]);
       setChildren(this.status);
       this.status.classList.remove('jp-jdist-error');
       this.renderClusters(clusters);
+      this.sweeps.render(sweeps);
       this.renderRuns(runs);
     } catch (error) {
       this.status.classList.add('jp-jdist-error');
@@ -347,6 +355,7 @@ export class DistributedSidebar extends Widget {
   private status: HTMLElement;
   private clustersEl: HTMLElement;
   private runsEl: HTMLElement;
+  private sweeps: SweepList;
   private cards = new Map<string, ICardState>();
   private rows = new Map<string, IRunRow>();
   private timer: number | null = null;

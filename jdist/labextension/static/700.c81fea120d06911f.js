@@ -178,13 +178,15 @@ line.jp-jdist-grid {
 }
 
 .jp-jdist-kernel-idle,
-.jp-jdist-run-finished {
+.jp-jdist-run-finished,
+.jp-jdist-run-done {
   background: var(--jp-success-color1);
   color: #fff;
 }
 
 .jp-jdist-run-failed,
 .jp-jdist-run-lost,
+.jp-jdist-run-stopped,
 .jp-jdist-status-dead {
   background: var(--jp-error-color1);
   color: #fff;
@@ -402,6 +404,47 @@ line.jp-jdist-grid {
   stroke-dasharray: 2 3;
 }
 
+/* sweeps in the sidebar: progress bar of trials ended out of the budget */
+.jp-jdist-sweep-bar {
+  height: 4px;
+  margin: 3px 0 1px;
+  background: var(--jp-layout-color3);
+  border-radius: 2px;
+  overflow: hidden;
+}
+
+.jp-jdist-sweep-bar > div {
+  height: 100%;
+  background: var(--jp-brand-color1);
+}
+
+.jp-jdist-sweep-best {
+  font-size: var(--jp-ui-font-size0);
+  white-space: nowrap;
+  overflow: hidden;
+  text-overflow: ellipsis;
+}
+
+/* sweep view: the notebook's sweep view (a file of the run log) in a sandboxed frame */
+.jp-jdist-sweepview {
+  display: flex;
+  flex-direction: column;
+  background: var(--jp-layout-color1);
+  color: var(--jp-ui-font-color1);
+  font-family: var(--jp-ui-font-family);
+  font-size: var(--jp-ui-font-size1);
+  padding: 12px 16px;
+}
+
+.jp-jdist-sweep-frame {
+  flex: 1 1 auto;
+  width: 100%;
+  min-height: 400px;
+  margin-top: 8px;
+  border: 1px solid var(--jp-border-color2);
+  background: #fff;
+}
+
 /* run view */
 .jp-jdist-runview {
   background: var(--jp-layout-color1);
@@ -457,4 +500,4 @@ line.jp-jdist-grid {
   white-space: pre-wrap;
   color: var(--jp-content-font-color1);
 }
-`,""]),t.d(o,{},{A:s})},314(r){r.exports=function(r){var o=[];return o.toString=function(){return this.map(function(o){var t="",e=void 0!==o[5];return o[4]&&(t+="@supports (".concat(o[4],") {")),o[2]&&(t+="@media ".concat(o[2]," {")),e&&(t+="@layer".concat(o[5].length>0?" ".concat(o[5]):""," {")),t+=r(o),e&&(t+="}"),o[2]&&(t+="}"),o[4]&&(t+="}"),t}).join("")},o.i=function(r,t,e,i,a){"string"==typeof r&&(r=[[null,r,void 0]]);var p={};if(e)for(var n=0;n<this.length;n++){var s=this[n][0];null!=s&&(p[s]=!0)}for(var d=0;d<r.length;d++){var l=[].concat(r[d]);e&&p[l[0]]||(void 0!==a&&(void 0===l[5]||(l[1]="@layer".concat(l[5].length>0?" ".concat(l[5]):""," {").concat(l[1],"}")),l[5]=a),t&&(l[2]&&(l[1]="@media ".concat(l[2]," {").concat(l[1],"}")),l[2]=t),i&&(l[4]?(l[1]="@supports (".concat(l[4],") {").concat(l[1],"}"),l[4]=i):l[4]="".concat(i)),o.push(l))}},o}},601(r){r.exports=function(r){return r[1]}},72(r){var o=[];function t(r){for(var t=-1,e=0;e<o.length;e++)if(o[e].identifier===r){t=e;break}return t}function e(r,e){for(var i={},a=[],p=0;p<r.length;p++){var n=r[p],s=e.base?n[0]+e.base:n[0],d=i[s]||0,l="".concat(s," ").concat(d);i[s]=d+1;var c=t(l),j={css:n[1],media:n[2],sourceMap:n[3],supports:n[4],layer:n[5]};if(-1!==c)o[c].references++,o[c].updater(j);else{var u=function(r,o){var t=o.domAPI(o);return t.update(r),function(o){o?(o.css!==r.css||o.media!==r.media||o.sourceMap!==r.sourceMap||o.supports!==r.supports||o.layer!==r.layer)&&t.update(r=o):t.remove()}}(j,e);e.byIndex=p,o.splice(p,0,{identifier:l,updater:u,references:1})}a.push(l)}return a}r.exports=function(r,i){var a=e(r=r||[],i=i||{});return function(r){r=r||[];for(var p=0;p<a.length;p++){var n=t(a[p]);o[n].references--}for(var s=e(r,i),d=0;d<a.length;d++){var l=t(a[d]);0===o[l].references&&(o[l].updater(),o.splice(l,1))}a=s}}},659(r){var o={};r.exports=function(r,t){var e=function(r){if(void 0===o[r]){var t=document.querySelector(r);if(window.HTMLIFrameElement&&t instanceof window.HTMLIFrameElement)try{t=t.contentDocument.head}catch(r){t=null}o[r]=t}return o[r]}(r);if(!e)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");e.appendChild(t)}},540(r){r.exports=function(r){var o=document.createElement("style");return r.setAttributes(o,r.attributes),r.insert(o,r.options),o}},56(r,o,t){r.exports=function(r){var o=t.nc;o&&r.setAttribute("nonce",o)}},206(r){r.exports=function(r){if("u"<typeof document)return{update:function(){},remove:function(){}};var o=r.insertStyleElement(r);return{update:function(t){var e,i,a;e="",t.supports&&(e+="@supports (".concat(t.supports,") {")),t.media&&(e+="@media ".concat(t.media," {")),(i=void 0!==t.layer)&&(e+="@layer".concat(t.layer.length>0?" ".concat(t.layer):""," {")),e+=t.css,i&&(e+="}"),t.media&&(e+="}"),t.supports&&(e+="}"),(a=t.sourceMap)&&"u">typeof btoa&&(e+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(a))))," */")),r.styleTagTransform(e,o,r.options)},remove:function(){var r;null===(r=o).parentNode||r.parentNode.removeChild(r)}}}},113(r){r.exports=function(r,o){if(o.styleSheet)o.styleSheet.cssText=r;else{for(;o.firstChild;)o.removeChild(o.firstChild);o.appendChild(document.createTextNode(r))}}},959(r,o,t){var e=t(72),i=t.n(e),a=t(206),p=t.n(a),n=t(659),s=t.n(n),d=t(56),l=t.n(d),c=t(540),j=t.n(c),u=t(113),f=t.n(u),v=t(646),h={};h.styleTagTransform=f(),h.setAttributes=l(),h.insert=s().bind(null,"head"),h.domAPI=p(),h.insertStyleElement=j(),i()(v.A,h),v.A&&v.A.locals&&v.A.locals}}]);
+`,""]),t.d(o,{},{A:s})},314(r){r.exports=function(r){var o=[];return o.toString=function(){return this.map(function(o){var t="",e=void 0!==o[5];return o[4]&&(t+="@supports (".concat(o[4],") {")),o[2]&&(t+="@media ".concat(o[2]," {")),e&&(t+="@layer".concat(o[5].length>0?" ".concat(o[5]):""," {")),t+=r(o),e&&(t+="}"),o[2]&&(t+="}"),o[4]&&(t+="}"),t}).join("")},o.i=function(r,t,e,i,a){"string"==typeof r&&(r=[[null,r,void 0]]);var p={};if(e)for(var n=0;n<this.length;n++){var s=this[n][0];null!=s&&(p[s]=!0)}for(var d=0;d<r.length;d++){var l=[].concat(r[d]);e&&p[l[0]]||(void 0!==a&&(void 0===l[5]||(l[1]="@layer".concat(l[5].length>0?" ".concat(l[5]):""," {").concat(l[1],"}")),l[5]=a),t&&(l[2]&&(l[1]="@media ".concat(l[2]," {").concat(l[1],"}")),l[2]=t),i&&(l[4]?(l[1]="@supports (".concat(l[4],") {").concat(l[1],"}"),l[4]=i):l[4]="".concat(i)),o.push(l))}},o}},601(r){r.exports=function(r){return r[1]}},72(r){var o=[];function t(r){for(var t=-1,e=0;e<o.length;e++)if(o[e].identifier===r){t=e;break}return t}function e(r,e){for(var i={},a=[],p=0;p<r.length;p++){var n=r[p],s=e.base?n[0]+e.base:n[0],d=i[s]||0,l="".concat(s," ").concat(d);i[s]=d+1;var j=t(l),c={css:n[1],media:n[2],sourceMap:n[3],supports:n[4],layer:n[5]};if(-1!==j)o[j].references++,o[j].updater(c);else{var u=function(r,o){var t=o.domAPI(o);return t.update(r),function(o){o?(o.css!==r.css||o.media!==r.media||o.sourceMap!==r.sourceMap||o.supports!==r.supports||o.layer!==r.layer)&&t.update(r=o):t.remove()}}(c,e);e.byIndex=p,o.splice(p,0,{identifier:l,updater:u,references:1})}a.push(l)}return a}r.exports=function(r,i){var a=e(r=r||[],i=i||{});return function(r){r=r||[];for(var p=0;p<a.length;p++){var n=t(a[p]);o[n].references--}for(var s=e(r,i),d=0;d<a.length;d++){var l=t(a[d]);0===o[l].references&&(o[l].updater(),o.splice(l,1))}a=s}}},659(r){var o={};r.exports=function(r,t){var e=function(r){if(void 0===o[r]){var t=document.querySelector(r);if(window.HTMLIFrameElement&&t instanceof window.HTMLIFrameElement)try{t=t.contentDocument.head}catch(r){t=null}o[r]=t}return o[r]}(r);if(!e)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");e.appendChild(t)}},540(r){r.exports=function(r){var o=document.createElement("style");return r.setAttributes(o,r.attributes),r.insert(o,r.options),o}},56(r,o,t){r.exports=function(r){var o=t.nc;o&&r.setAttribute("nonce",o)}},206(r){r.exports=function(r){if("u"<typeof document)return{update:function(){},remove:function(){}};var o=r.insertStyleElement(r);return{update:function(t){var e,i,a;e="",t.supports&&(e+="@supports (".concat(t.supports,") {")),t.media&&(e+="@media ".concat(t.media," {")),(i=void 0!==t.layer)&&(e+="@layer".concat(t.layer.length>0?" ".concat(t.layer):""," {")),e+=t.css,i&&(e+="}"),t.media&&(e+="}"),t.supports&&(e+="}"),(a=t.sourceMap)&&"u">typeof btoa&&(e+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(a))))," */")),r.styleTagTransform(e,o,r.options)},remove:function(){var r;null===(r=o).parentNode||r.parentNode.removeChild(r)}}}},113(r){r.exports=function(r,o){if(o.styleSheet)o.styleSheet.cssText=r;else{for(;o.firstChild;)o.removeChild(o.firstChild);o.appendChild(document.createTextNode(r))}}},959(r,o,t){var e=t(72),i=t.n(e),a=t(206),p=t.n(a),n=t(659),s=t.n(n),d=t(56),l=t.n(d),j=t(540),c=t.n(j),u=t(113),f=t.n(u),v=t(646),h={};h.styleTagTransform=f(),h.setAttributes=l(),h.insert=s().bind(null,"head"),h.domAPI=p(),h.insertStyleElement=c(),i()(v.A,h),v.A&&v.A.locals&&v.A.locals}}]);
