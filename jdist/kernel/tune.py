@@ -186,7 +186,7 @@ def sweeps_dir() -> Path:
 
 
 def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, direction: str, pruner: Any,
-                sampler: Any) -> tuple[Path, Any]:
+                sampler: Any) -> tuple[Path, Any, Any]:
     from optuna.storages import JournalStorage
 
     from .journal import MirroredJournal

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -51,9 +52,17 @@ class SweepIndex:
 
     def summaries(self, extra_roots: Iterable[str | Path], limit: int, live: set[str],
                   notebooks: dict[str, str | None]) -> list[SweepSummaryModel]:
-        """The ``limit`` sweeps started last (the sidebar's list)."""
-        found = [s for s in (read_sweep(f, live, notebooks) for f in self.folders(extra_roots)) if s is not None]
-        return sorted(found, key=lambda s: s.get("started") or 0, reverse=True)[: max(1, limit)]
+        """The ``limit`` sweeps written last (the sidebar's list; a running one is rewritten twice a second):
+        only their summaries are read."""
+        def written(folder: Path) -> float:
+            try:
+                return (folder / "sweep.json").stat().st_mtime
+            except OSError:
+                return 0.0
+
+        newest = sorted(self.folders(extra_roots), key=written, reverse=True)
+        found = (s for s in (read_sweep(f, live, notebooks) for f in newest) if s is not None)
+        return list(itertools.islice(found, max(1, limit)))
 
     def detail(self, name: str, extra_roots: Iterable[str | Path], live: set[str],
                notebooks: dict[str, str | None]) -> SweepDetailModel | None:
