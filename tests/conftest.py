@@ -86,6 +86,8 @@ class CellOutput:
     error: dict[str, Any] | None = None
     elapsed: float = 0.0
     pager: str = ""  # help text (``%%magic?``) comes as a pager payload of the reply
+    prompts: list[str] = field(default_factory=list)  # input boxes the cell opened (run(replies=...))
+    replies_ran_out: bool = False
 
     @property
     def traceback(self) -> str:
@@ -105,8 +107,17 @@ class KernelSession:
 
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
 
-    def run(self, code: str, timeout: float = 180, allow_error: bool = False) -> CellOutput:
+    def run(self, code: str, timeout: float = 180, allow_error: bool = False,
+            replies: list[str] | None = None) -> CellOutput:
+        """Run ``code``; ``replies``: what is typed into each input box the cell opens, in order (their
+        prompts go to ``out.prompts``; past the last reply each box gets "q" and ``out.replies_ran_out``)."""
         out = CellOutput()
+        answers = list(replies or [])
+
+        def stdin_hook(msg: dict[str, Any]) -> None:
+            out.prompts.append(msg["content"]["prompt"])
+            out.replies_ran_out = out.replies_ran_out or not answers
+            self.kc.input(answers.pop(0) if answers else "q")
 
         def hook(msg: dict[str, Any]) -> None:
             kind, content = msg["msg_type"], msg["content"]
@@ -118,7 +129,8 @@ class KernelSession:
                 out.error = content
 
         t0 = time.perf_counter()
-        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout, allow_stdin=False)
+        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout, allow_stdin=replies is not None,
+                                            stdin_hook=stdin_hook if replies is not None else None)
         content = reply["content"]
         if content["status"] == "error" and out.error is None:  # IPython's UsageError: the reply only
             out.error = {"ename": content.get("ename"), "evalue": content.get("evalue"), "traceback": []}

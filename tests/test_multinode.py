@@ -419,6 +419,11 @@ def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login)
     assert out.error["ename"] == "RankError" and "raise ValueError('bad shard on node2')" in tb, tb
     assert "rank 0: released because rank 1 failed (it was waiting in all_reduce (cell line 3))" in tb, tb
     assert "process group was re-created on all ranks" in tb, tb
+    # a post-mortem on the failed rank on node2, typed in the notebook on node1
+    out = login.run("%dist debug", replies=["p __import__('socket').gethostname(), rank", "q"])
+    text = strip_ansi(out.stdout)
+    assert out.prompts == ["(Pdb r1) ", "(Pdb r1) "] and "Post-mortem on rank 1: ValueError: bad shard on node2" in text
+    assert "('node2', 1)" in text, text
     login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
     login.run("%dist stop")
 

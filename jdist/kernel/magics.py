@@ -41,7 +41,7 @@ class CellSyntaxError(Exception):
         ).rstrip().splitlines()
 
 
-def parse_targets(text: str | None) -> list[int] | None:
+def parse_targets(text: str | None, flag: str = "--targets") -> list[int] | None:
     """``"0,2"`` -> ``[0, 2]``; ``"1-3"`` -> ``[1, 2, 3]``; ``None``/``"all"`` -> None (all ranks).
 
     >>> parse_targets("0,2-3")
@@ -61,10 +61,10 @@ def parse_targets(text: str | None) -> list[int] | None:
             else:
                 ranks.append(int(part))
     except ValueError:
-        raise usage_error(f"--targets {text!r} is not a rank list; use e.g. --targets 0 or --targets 0,2 "
-                          "or --targets 1-3.") from None
+        raise usage_error(f"{flag} {text!r} is not a rank list; use e.g. {flag} 0 or {flag} 0,2 "
+                          f"or {flag} 1-3.") from None
     if any(r < 0 for r in ranks):
-        raise usage_error(f"--targets {text!r}: ranks are non-negative, e.g. --targets 0,1.")
+        raise usage_error(f"{flag} {text!r}: ranks are non-negative, e.g. {flag} 0,1.")
     return sorted(set(ranks))
 
 
@@ -154,13 +154,15 @@ class DistributedMagics(Magics):
         return cluster
 
     @magic_arguments()
-    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach"],
+    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach", "debug"],
               help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
                    "set-up cells and restores the newest checkpoint); pull NAME; push NAME; attach RUN (the ranks "
-                   "of a jdist run --keep).")
+                   "of a jdist run --keep); debug: pdb on a failed cell's traceback (post-mortem).")
     @argument("name", nargs="?", default=None, help="Variable name for pull/push; run id for attach.")
     @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
-    @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself).")
+    @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself); "
+                                                      "debug: this rank.")
+    @argument("--ranks", default=None, help="debug: these ranks (e.g. 0,1), each command sent to each.")
     @line_magic
     def dist(self, line: str) -> Any:
         """Manage the jdist cluster of this kernel.
@@ -176,6 +178,8 @@ class DistributedMagics(Magics):
         ``%dist push NAME``    send the notebook's NAME to every rank (or ``--rank R``)
         ``%dist attach RUN``   take over the ranks of ``jdist run --keep`` (run id or a unique
                                prefix), with the script's globals; they are this kernel's from then on
+        ``%dist debug``        after a failed cell: pdb on the traceback of the rank that failed
+                               first (``--rank R``, ``--ranks 0,1``), typed in the notebook; ``q`` ends
         """
         args = parse_argstring(self.dist, line)
         if args.command in ("pull", "push") and not args.name:
@@ -209,6 +213,20 @@ class DistributedMagics(Magics):
         cl.set_current(cluster)
         _say(f"Attached {cluster.config.n} rank(s), backend {cluster.backend_label()}: the script's variables are on "
              "the ranks; %%distributed cells run there now, and %dist stop ends them.")
+
+    def _dist_debug(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        from ipyparallel.error import RemoteError
+
+        from . import debug
+
+        if args.ranks is not None:
+            ranks = parse_targets(args.ranks, "--ranks")
+        if ranks and max(ranks) >= cluster.config.n:
+            raise usage_error(f"%dist debug: rank {max(ranks)} does not exist (ranks 0-{cluster.config.n - 1}).")
+        try:
+            debug.post_mortem(cluster, ranks, input, _say)
+        except RemoteError as exc:
+            raise usage_error(f"%dist debug: {debug.describe_error(exc)}") from None
 
     def _dist_status(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         _say(format_status(cluster.status()))

@@ -272,8 +272,10 @@ def _pre_cell(info: Any = None) -> None:
 
 
 def _post_cell(result: Any = None) -> None:
+    from . import debug
     from .session import current
 
+    debug.note_failure(getattr(result, "error_in_exec", None))  # for %dist debug (a post-mortem)
     s = current()
     if s is not None:
         s.end_cell()

@@ -132,3 +132,31 @@ def tune_leave() -> dict[str, Any]:
     if tune.leave_slots() and session().backend is not None:
         return rebuild_group()
     return {"reattached": [], "stale": [], "kept": None, "lost": None, "released_from": None}
+
+
+def debug_failure() -> dict[str, Any] | None:
+    """When this rank's last failing cell failed, and with what (:func:`jdist.rank.debug.failure`)."""
+    from . import debug
+
+    return debug.failure()
+
+
+def debug_start() -> dict[str, Any]:
+    """Open a post-mortem on this rank's last failure (:func:`jdist.rank.debug.start`)."""
+    from . import debug
+
+    return debug.start()
+
+
+def debug_command(line: str) -> dict[str, Any]:
+    """One pdb command in the open post-mortem (:func:`jdist.rank.debug.command`)."""
+    from . import debug
+
+    return debug.command(line)
+
+
+def debug_end() -> None:
+    """Close the post-mortem (:func:`jdist.rank.debug.end`)."""
+    from . import debug
+
+    debug.end()

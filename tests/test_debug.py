@@ -1,0 +1,68 @@
+"""``%dist debug``: a post-mortem on real ranks, typed into the notebook's input box (jupyter_client's stdin
+channel, as JupyterLab's input box sends it). A real 2-rank MPI cluster with DDP; nothing is mocked."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import KernelSession, strip_ansi
+
+pytestmark = pytest.mark.cluster
+
+FAILING = """%%distributed
+import torch, torch.distributed as dist
+def scale(batch, factor):
+    total = batch.sum() * factor
+    if rank == 1:
+        limit = 3
+        raise ValueError(f"rank {rank}: total {float(total)} over the limit {limit}")
+    return total
+t = torch.ones(1); dist.all_reduce(t)
+result = scale(torch.arange(4.0), factor=2)
+"""
+
+
+def test_before_any_failure_it_says_what_it_is_for(cluster_kernel):
+    out = cluster_kernel.run("%dist debug", allow_error=True)
+    assert "no cell failed on any rank (since the ranks started): it opens pdb after a %%distributed cell raised" \
+        in strip_ansi(out.stderr), out.shown
+    out = cluster_kernel.run("%dist debug --ranks 0,5", allow_error=True)
+    assert "rank 5 does not exist (ranks 0-1)" in strip_ansi(out.stderr), out.shown
+
+
+@pytest.fixture(scope="module")
+def failed(cluster_kernel: KernelSession) -> KernelSession:
+    out = cluster_kernel.run(FAILING, allow_error=True)
+    assert out.error and out.error["ename"] == "RankError" and "rank 1" in out.error["evalue"], out.shown
+    return cluster_kernel
+
+
+def test_post_mortem_on_the_failed_rank_shows_its_frames_and_locals(failed):
+    out = failed.run("%dist debug", replies=["p factor, limit", "p float(total)", "a", "l", "w", "u", "p t", "q"])
+    text = strip_ansi(out.stdout)
+    assert not out.replies_ran_out and not out.error, out.shown
+    assert out.prompts and all(p == "(Pdb r1) " for p in out.prompts)
+    assert "Post-mortem on rank 1: ValueError: rank 1: total 12.0 over the limit 3" in text, text
+    assert "(2, 3)" in text and "12.0" in text  # the failing frame's locals
+    assert 'raise ValueError(f"rank {rank}: total' in text  # `l`: the cell's source around the line
+    assert "scale(torch.arange(4.0), factor=2)" in text  # `w` and `u`: the cell's frame that called it
+    assert "batch = tensor([0., 1., 2., 3.])" in text  # `a`: the arguments of the frame
+    assert "tensor([2.])" in text  # `u`, then `p t`: the cell's own variable, after the all_reduce
+    assert "Post-mortem ended; rank 1 and the others are as they were." in text
+    # the ranks are untouched: the cell's state is there, the process group works
+    failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nafter = (float(t), 'scale' in globals())")
+    failed.run("%dist pull after")
+    assert [tuple(a) for a in failed.value("after")] == [(2.0, True)] * 2
+
+
+def test_several_ranks_answer_labelled_and_stepping_is_refused(failed):
+    # rank 0 failed too? No: it finished; a post-mortem of rank 0 alone is refused with who has a failure
+    out = failed.run("%dist debug --rank 0", allow_error=True)
+    assert "no cell failed on rank(s) 0; these have a failure: 1." in strip_ansi(out.stderr), out.shown
+    failed.run("%%distributed\nif rank == 0:\n    oops = {'rank': rank}\n    oops['missing']", allow_error=True)
+    out = failed.run("%dist debug --ranks 0,1", replies=["p rank", "n", "q"])
+    text = strip_ansi(out.stdout)
+    assert out.prompts[0] == "(Pdb r0,1) " and not out.replies_ran_out
+    assert "Post-mortem on rank 0: KeyError: 'missing'" in text and "Post-mortem on rank 1: ValueError" in text
+    assert "[r0] 0" in text and "[r1] 1" in text  # each rank's own answer, labelled
+    assert "[r0] *** n: the traceback's frames have finished" in text
+
