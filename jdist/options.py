@@ -244,6 +244,9 @@ CELL_OPTIONS: tuple[Option, ...] = (
     Option("output", ("--output",), "Whose stdout/stderr to show: rank0 (the lowest selected rank, live; "
            "default), all (every rank, lines labelled by rank), none.", Scope.CELL, type=str,
            choices=("rank0", "all", "none"), default="rank0"),
+    Option("debug_ranks", ("--debug-ranks",), "Ranks where breakpoint() / pdb.set_trace() stop this cell, with a pdb "
+           "prompt in the notebook (e.g. 1 or 0,2); elsewhere they do nothing.", Scope.CELL, type=str,
+           metavar="RANKS"),
     Option("no_dashboard", ("--no-dashboard",), "Do not show the live dashboard for jdist.log metrics.", Scope.CELL,
            switch=True, default=False),
     Option("run_dir", ("--run-dir",), "Folder for run logs (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).",
@@ -266,7 +269,7 @@ class CellOptions:
     >>> opts.outptu
     Traceback (most recent call last):
     ...
-    AttributeError: No cell option 'outptu'; the cell options are: targets, output, no_dashboard, run_dir, cluster, restart.
+    AttributeError: No cell option 'outptu'; the cell options are: targets, output, debug_ranks, no_dashboard, run_dir, cluster, restart.
     """
 
     __slots__ = ("_values",)

@@ -185,9 +185,21 @@ class TuneMessage(TypedDict):
     payload: dict[str, Any]
 
 
+class DebugMessage(TypedDict):
+    """A rank stopped at ``breakpoint()`` (``%%distributed --debug-ranks``): pdb's output so far, ending in
+    its prompt; the rank waits for the line typed in the notebook, sent on the engine's control channel
+    as ``jdist_debug_reply`` (``{"seq", "line"}``)."""
+
+    v: int
+    kind: Literal["debug"]
+    cell: int
+    seq: int
+    text: str
+
+
 DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,
-                    TuneMessage]
-_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune"}
+                    TuneMessage, DebugMessage]
+_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug"}
 
 
 def parse_message(payload: Any) -> DataMessage | None:

@@ -99,6 +99,10 @@ class CellOutput:
         return (self.traceback + "\n" + strip_ansi(self.stderr)).strip()
 
 
+#: A reply (``KernelSession.run(replies=...)``) that interrupts the kernel while its input box is open.
+INTERRUPT = object()
+
+
 class KernelSession:
     """A live ipykernel; ``run(code)`` executes a cell and collects what a notebook would show."""
 
@@ -108,16 +112,25 @@ class KernelSession:
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
 
     def run(self, code: str, timeout: float = 180, allow_error: bool = False,
-            replies: list[str] | None = None) -> CellOutput:
-        """Run ``code``; ``replies``: what is typed into each input box the cell opens, in order (their
-        prompts go to ``out.prompts``; past the last reply each box gets "q" and ``out.replies_ran_out``)."""
+            replies: list[Any] | None = None) -> CellOutput:
+        """Run ``code``; ``replies``: what is typed into each input box the cell opens, in order: a line,
+        ``(seconds, line)`` (typed after that long), or :data:`INTERRUPT` (the kernel is interrupted while
+        the box is open). Their prompts go to ``out.prompts``; past the last reply each box gets "q" and
+        ``out.replies_ran_out``."""
         out = CellOutput()
         answers = list(replies or [])
 
         def stdin_hook(msg: dict[str, Any]) -> None:
             out.prompts.append(msg["content"]["prompt"])
             out.replies_ran_out = out.replies_ran_out or not answers
-            self.kc.input(answers.pop(0) if answers else "q")
+            answer = answers.pop(0) if answers else "q"
+            if answer is INTERRUPT:
+                self.km.interrupt_kernel()
+                return
+            if isinstance(answer, tuple):
+                time.sleep(answer[0])
+                answer = answer[1]
+            self.kc.input(answer)
 
         def hook(msg: dict[str, Any]) -> None:
             kind, content = msg["msg_type"], msg["content"]

@@ -1,10 +1,11 @@
-"""``%dist debug``: a post-mortem on real ranks, typed into the notebook's input box (jupyter_client's stdin
-channel, as JupyterLab's input box sends it). A real 2-rank MPI cluster with DDP; nothing is mocked."""
+"""``%dist debug`` (a post-mortem) and ``breakpoint()`` with ``--debug-ranks`` on real ranks, typed into the
+notebook's input box (jupyter_client's stdin channel, as JupyterLab's input box sends it). A real 2-rank MPI
+cluster with DDP; nothing is mocked."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import KernelSession, strip_ansi
+from conftest import INTERRUPT, KernelSession, strip_ansi
 
 pytestmark = pytest.mark.cluster
 
@@ -66,3 +67,41 @@ def test_several_ranks_answer_labelled_and_stepping_is_refused(failed):
     assert "[r0] 0" in text and "[r1] 1" in text  # each rank's own answer, labelled
     assert "[r0] *** n: the traceback's frames have finished" in text
 
+
+BREAK = """%%distributed --debug-ranks 1 --watchdog 2
+x = torch.full((2,), float(rank + 1))
+if rank == 1:
+    secret = x * 10
+    breakpoint()
+    x = x + 100
+t = x.clone(); dist.all_reduce(t)
+total = t.tolist()
+"""
+
+
+def test_breakpoint_on_rank_1_while_rank_0_waits_in_all_reduce(failed):
+    # a 3 s pause, longer than the 2 s hang watchdog: rank 0 waits in all_reduce the whole time, no HangError
+    out = failed.run(BREAK, replies=["p secret", (3.0, "n"), "p x", "c"], timeout=120)
+    text = strip_ansi(out.stdout)
+    assert not out.error and not out.replies_ran_out, out.shown
+    assert out.prompts == ["(Pdb r1) "] * 4
+    assert "jdist: rank 1 stopped at breakpoint(). Rank(s) 0 go on until they need it" in text, text
+    assert "--timeout 30 s" in text
+    assert "tensor([20., 20.])" in text  # p secret
+    assert "tensor([102., 102.])" in text  # after `n`: the next line ran
+    failed.run("%dist pull total")
+    assert failed.value("total") == [[103.0, 103.0]] * 2  # the cell went on: 1 + 102 on both ranks
+    # without --debug-ranks, breakpoint() does not stop; the notebook says how to make it stop
+    out = failed.run("%%distributed\nbreakpoint()\ndone = rank")
+    assert "breakpoint() does not stop rank 0: %%distributed --debug-ranks 0 stops there." in out.stdout, out.stdout
+
+
+def test_an_interrupt_during_a_pause_ends_the_cell_and_the_ranks_go_on(failed):
+    out = failed.run("%%distributed --debug-ranks 0\nif rank == 0:\n    pdb_seen = 1\n    breakpoint()\n"
+                     "dist.all_reduce(torch.ones(1))", replies=["p pdb_seen", INTERRUPT], allow_error=True, timeout=120)
+    assert out.error and out.error["ename"] == "KeyboardInterrupt", out.shown
+    assert out.prompts == ["(Pdb r0) ", "(Pdb r0) "] and not out.replies_ran_out  # no input box after the interrupt
+    assert "Interrupted" in strip_ansi(out.stderr + out.traceback), out.shown
+    failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nafter = float(t)")
+    failed.run("%dist pull after")
+    assert failed.value("after") == [2.0, 2.0]

@@ -424,6 +424,13 @@ def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login)
     text = strip_ansi(out.stdout)
     assert out.prompts == ["(Pdb r1) ", "(Pdb r1) "] and "Post-mortem on rank 1: ValueError: bad shard on node2" in text
     assert "('node2', 1)" in text, text
+    # breakpoint() stops rank 1 on node2 while rank 0 on node1 waits in an all_reduce; `c` goes on
+    out = login.run("%%distributed --debug-ranks 1\nv = torch.ones(1) * (rank + 1)\nif rank == 1:\n    breakpoint()\n"
+                    "dist.all_reduce(v)\nsummed = v.item()", replies=["p __import__('socket').gethostname()", "c"],
+                    timeout=120)
+    assert out.prompts == ["(Pdb r1) ", "(Pdb r1) "] and "'node2'" in strip_ansi(out.stdout), out.stdout
+    login.run("%dist pull summed")
+    assert login.value("summed") == [3.0, 3.0]
     login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
     login.run("%dist stop")
 

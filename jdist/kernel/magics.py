@@ -107,12 +107,17 @@ class DistributedMagics(Magics):
         if problem:
             raise usage_error(problem)
         ranks = parse_targets(opts.targets)
+        debug_ranks = parse_targets(opts.debug_ranks, "--debug-ranks") if opts.debug_ranks else None
         cluster = self._ensure_cluster(table, args, opts)
         try:
             cluster.engine_ids(ranks)
         except ValueError as exc:
             raise usage_error(f"--targets: {exc}") from None
-        result = run_cell(cluster, cell, opts, ranks=ranks)
+        if opts.debug_ranks:
+            debug_ranks = list(range(cluster.config.n)) if debug_ranks is None else debug_ranks
+            if max(debug_ranks) >= cluster.config.n:
+                raise usage_error(f"--debug-ranks: rank {max(debug_ranks)} does not exist (ranks 0-{cluster.config.n - 1}).")
+        result = run_cell(cluster, cell, opts, ranks=ranks, debug_ranks=debug_ranks)
         notes = []
         if result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")

@@ -258,6 +258,9 @@ def open_namespace(s: RankSession) -> None:
     shell.user_ns.update(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device,
                          jdist=jdist)
     install_exit(shell)
+    from . import debug
+
+    debug.install()  # breakpoint() / pdb.set_trace(): relayed to the notebook on the ranks chosen per cell
     for event, fn in (("pre_run_cell", _pre_cell), ("post_run_cell", _post_cell)):
         if fn not in shell.events.callbacks[event]:
             shell.events.register(event, fn)

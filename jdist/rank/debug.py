@@ -1,10 +1,16 @@
-"""Post-mortem debugging on a rank: pdb on the traceback of the last cell that failed here.
+"""Debugging on a rank: pdb on the last failed cell's traceback, and ``breakpoint()`` in a running cell.
 
-Each failing cell's exception is kept (:func:`note_failure`, from the rank's post-cell hook), as
-IPython keeps ``sys.last_traceback``: its frames, with their locals, stay alive until the next
-failure. ``%dist debug`` in the notebook (:mod:`jdist.kernel.debug`) then drives one
+Post-mortem: each failing cell's exception is kept (:func:`note_failure`, from the rank's post-cell
+hook), as IPython keeps ``sys.last_traceback``: its frames, with their locals, stay alive until the
+next failure. ``%dist debug`` in the notebook (:mod:`jdist.kernel.debug`) then drives one
 :class:`pdb.Pdb` per rank, one command per call (:func:`command`), its output captured and sent
 back: no terminal, no listener, no stdin on the rank; nothing of the rank's state changes.
+
+Live: ``sys.breakpointhook`` (and ``pdb.set_trace``) on the ranks is :func:`breakpoint_hook`. On a
+rank the kernel armed for the running cell (``%%distributed --debug-ranks``, :func:`arm`) it starts a
+pdb whose input and output travel through jdist's channels: each prompt goes to the kernel as a
+``debug`` data message (IOPub, signed), and the line typed in the notebook comes back on the engine's
+control channel. On the other ranks it does nothing.
 
 >>> try:
 ...     x = 41
@@ -23,8 +29,15 @@ from __future__ import annotations
 
 import io
 import pdb
+import queue
+import sys
 import time
 from typing import Any
+
+from jdist.protocol import PROTOCOL_VERSION, DebugMessage
+
+#: The control-channel message type that carries the line typed in the notebook.
+REPLY_TYPE = "jdist_debug_reply"
 
 #: pdb commands that would run code on a finished traceback (stepping, jumping): refused, with why.
 STEPPING = {"n", "next", "s", "step", "r", "return", "unt", "until", "j", "jump", "restart", "run"}
@@ -99,3 +112,123 @@ def _take() -> str:
 
 def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
+
+
+# -- live breakpoints -----------------------------------------------------------------------------
+_armed = False
+_replies: queue.Queue = queue.Queue()
+_seq = 0
+
+
+def arm(on: bool) -> None:
+    """Whether ``breakpoint()`` stops this rank in the cells that follow (until armed off)."""
+    global _armed
+    _armed = on
+    handlers = _control_handlers()
+    if handlers is not None:
+        if on:
+            handlers[REPLY_TYPE] = _on_reply
+        else:
+            handlers.pop(REPLY_TYPE, None)
+
+
+def install() -> None:
+    """Make ``breakpoint()`` and ``pdb.set_trace()`` on this rank go to :func:`breakpoint_hook`."""
+    sys.breakpointhook = breakpoint_hook
+    pdb.set_trace = _set_trace
+
+
+def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` on a rank: a pdb relayed to the notebook if this rank is armed, else a note (once
+    per cell) that says how to stop here."""
+    if _armed:
+        RelayPdb().set_trace(sys._getframe(1))
+    else:
+        _skipped()
+
+
+def _set_trace(*, header: str | None = None) -> None:
+    if _armed:
+        debugger = RelayPdb()
+        if header is not None:
+            debugger.message(header)
+        debugger.set_trace(sys._getframe(1))
+    else:
+        _skipped()
+
+
+_told_cell: int | None = None
+
+
+def _skipped() -> None:
+    global _told_cell
+    from .session import current
+
+    s = current()
+    cell = s.stream.cell if s is not None else None
+    if cell != _told_cell:
+        _told_cell = cell
+        rank = s.ctx.rank if s is not None else "?"
+        print(f"jdist: breakpoint() does not stop rank {rank}: %%distributed --debug-ranks {rank} stops there.")
+
+
+class _Relay:
+    """pdb's stdin and stdout: what pdb writes is kept until it reads a line; then the text (ending in
+    its prompt) goes to the kernel and the line typed in the notebook comes back."""
+
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+
+    def write(self, text: str) -> int:
+        return self.buffer.write(text)
+
+    def flush(self) -> None:
+        pass
+
+    def readline(self) -> str:
+        global _seq
+        from .session import session
+
+        s = session()
+        text = self.buffer.getvalue()
+        self.buffer.seek(0)
+        self.buffer.truncate()
+        _seq += 1
+        message: DebugMessage = {"v": PROTOCOL_VERSION, "kind": "debug", "cell": s.stream.cell, "seq": _seq,
+                                 "text": text}
+        s.publish(message)
+        while True:  # an interrupt (SIGINT from the kernel) ends the wait with KeyboardInterrupt
+            try:
+                reply = _replies.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if reply.get("seq") == _seq:
+                return str(reply.get("line", "c")) + "\n"
+
+
+class RelayPdb(pdb.Pdb):
+    """A pdb on a rank, driven from the notebook (see the module doc)."""
+
+    def __init__(self) -> None:
+        relay = _Relay()
+        super().__init__(stdin=relay, stdout=relay, nosigint=True, readrc=False)
+
+    def _cmdloop(self) -> None:
+        # pdb's own loop catches KeyboardInterrupt and prompts again; here the interrupt (the kernel's
+        # SIGINT) ends the pause and the cell, as it would without the debugger
+        self.cmdloop()
+
+
+def _control_handlers() -> dict[str, Any] | None:
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    return None if kernel is None else kernel.control_handlers
+
+
+def _on_reply(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+    from IPython import get_ipython
+
+    _replies.put(parent["content"])
+    kernel = get_ipython().kernel
+    kernel.session.send(stream, REPLY_TYPE + "_ack", {"status": "ok"}, parent, ident=ident)

@@ -160,3 +160,10 @@ def debug_end() -> None:
     from . import debug
 
     debug.end()
+
+
+def debug_arm(ranks: list[int] | None) -> None:
+    """``breakpoint()`` stops the cells that follow on ``ranks`` (None: on none) (:func:`jdist.rank.debug.arm`)."""
+    from . import debug
+
+    debug.arm(ranks is not None and session().ctx.rank in ranks)

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from ..sinks import RecordSink
 
 
+DEBUG_REPLY = "jdist_debug_reply"  # jdist.rank.debug.REPLY_TYPE (the kernel does not import rank code)
+
+
 class Phase(str, Enum):
     RUNNING = "running"
     RELEASING = "releasing"
@@ -60,10 +63,12 @@ class CellSupervisor:
     def __init__(self, cluster: ClusterSession, code: str, ranks: Sequence[int] | None, output: str,
                  sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
                  poll_s: float = 0.05, *, run_code: str | None = None,
-                 show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True):
+                 show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True,
+                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] = input):
         """``run_code``: the code the run shows (default ``code``; ``jdist run``: the script);
         ``show``: how rank displays are shown (default: in the notebook); ``rebuild``: re-build a
-        process group that a release broke (``jdist run`` ends instead)."""
+        process group that a release broke (``jdist run`` ends instead); ``debug_ranks``: where
+        ``breakpoint()`` stops; ``ask``: how a pdb prompt gets its line (the notebook's input box)."""
         self.cluster = cluster
         self.code = code
         targets = cluster.engine_ids(ranks)
@@ -80,6 +85,9 @@ class CellSupervisor:
         self.view: IppCellView = None  # type: ignore[assignment]  # set by run()
         self.last_progress = time.monotonic()
         self.deadline: float | None = None
+        self.debug_ranks = list(debug_ranks) if debug_ranks else []
+        self.ask = ask
+        self.paused: set[int] = set()
 
     @property
     def releasing(self) -> bool:
@@ -87,10 +95,19 @@ class CellSupervisor:
 
     def run(self) -> CellResult:
         t0 = time.perf_counter()
-        self.view = IppCellView(self.cluster.execute(self.code, self.ranks), self.ranks)
-        self.view.attach(self.inbox)
-        self.last_progress = time.monotonic()
-        self._wait()
+        if self.debug_ranks:
+            self.cluster.call("debug_arm", self.debug_ranks)
+        try:
+            self.view = IppCellView(self.cluster.execute(self.code, self.ranks), self.ranks)
+            self.view.attach(self.inbox)
+            self.last_progress = time.monotonic()
+            self._wait()
+        finally:
+            if self.debug_ranks and not self.cluster.dead_ranks():
+                try:
+                    self.cluster.call("debug_arm", None, timeout=10)
+                except Exception:  # the ranks are stuck or gone: the cell's report says so
+                    pass
         self.phase = Phase.DRAINING
         result = self._drain()
         result.elapsed_s = time.perf_counter() - t0
@@ -155,8 +172,43 @@ class CellSupervisor:
                 self.output.display(rank, content)
             elif kind == "data":
                 msg = parse_message(content)
-                if msg is not None:
+                if msg is not None and msg["kind"] == "debug":
+                    self.debug_prompt(rank, msg)
+                elif msg is not None:
                     self.records.handle(rank, msg)
+
+    def debug_prompt(self, rank: int, msg: dict[str, Any]) -> None:
+        """Rank ``rank`` waits in pdb (``breakpoint()``): show what pdb wrote, ask for a line in the
+        notebook, send it back on the engine's control channel. While the input box is open nothing else
+        is polled (no hang is declared for the ranks waiting for this one)."""
+        text = msg["text"].removesuffix("(Pdb) ")
+        engine = self.cluster.engine_ids([rank])[0]
+        if self.releasing:  # interrupted or released: no more input boxes, the rank's pdb is told to quit
+            self.cluster.client._send_control_request(targets=[engine], msg_type=DEBUG_REPLY,
+                                                      content={"seq": msg["seq"], "line": "q"}, block=False)
+            return
+        if rank not in self.paused:
+            self.paused.add(rank)
+            others = [r for r in self.ranks if r != rank and r not in self.paused]
+            timeout = self.cluster.config.timeout
+            when = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
+            print(f"jdist: rank {rank} stopped at breakpoint(). "
+                  + (f"Rank(s) {', '.join(map(str, others))} go on until they need it: in a collective their "
+                     f"process group gives up after --timeout {timeout:g} s (by {when} if they are there now). "
+                     if others else "")
+                  + "c continues, q stops the cell on this rank, the interrupt stops the cell.")
+        if text.strip():
+            print(text.rstrip("\n"))
+        try:
+            line = self.ask(f"(Pdb r{rank}) ")
+        except (EOFError, NotImplementedError):  # no input box (a frontend without stdin)
+            print(f"jdist: no input box here (this frontend does not allow input): rank {rank} continues.")
+            line = "c"
+        self.cluster.client._send_control_request(targets=[engine], msg_type=DEBUG_REPLY,
+                                                  content={"seq": msg["seq"], "line": line}, block=False)
+        if line.strip() in ("c", "cont", "continue", "q", "quit", "exit"):
+            self.paused.discard(rank)
+        self.last_progress = time.monotonic()
 
     # -- DRAINING ----------------------------------------------------------------------------
     def _drain(self) -> CellResult:
@@ -217,7 +269,8 @@ def released_where(cluster: ClusterSession) -> dict[str, Any] | None:
     return {"released_from": where, "rebuilt": False} if where else None
 
 
-def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Sequence[int] | None = None) -> CellResult:
+def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Sequence[int] | None = None,
+             debug_ranks: Sequence[int] | None = None) -> CellResult:
     """Run ``code`` on ``ranks`` (default all) with this cell's options, streaming output and
     metrics until it ends.
 
@@ -225,12 +278,14 @@ def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Seque
     labelled) or ``none``; the run's sinks come from ``opts`` too (:func:`jdist.kernel.sinks.default_sinks`:
     dashboard, run log, trackers). Faults are handled while it waits (see docs/reliability.md).
     A cell that finished and logged nothing is noted in ``cluster.recovery`` (``%dist restart``
-    replays it with ``opts``). Returns a :class:`CellResult`; errors are not raised here
+    replays it with ``opts``). ``debug_ranks``: where ``breakpoint()`` stops, with a pdb prompt in the
+    notebook (:meth:`CellSupervisor.debug_prompt`). Returns a :class:`CellResult`; errors are not raised here
     (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
     from ..sinks import default_sinks
 
-    result = CellSupervisor(cluster, code, ranks, opts.output, lambda run: default_sinks(run, opts)).run()
+    result = CellSupervisor(cluster, code, ranks, opts.output, lambda run: default_sinks(run, opts),
+                            debug_ranks=debug_ranks).run()
     if result.ok and result.run is None:
         cluster.recovery.note_cell(code, list(ranks) if ranks is not None else None, opts)
     return result
