@@ -60,6 +60,10 @@ def post_mortem(cluster: cl.ClusterSession, ranks: Sequence[int] | None, ask: Ca
                 line = ask(prompt)
             except (EOFError, KeyboardInterrupt):
                 line = "q"
+            except NotImplementedError:  # IPython's StdinNotImplementedError: a frontend without input boxes
+                say("%dist debug needs an input box for the pdb commands; this frontend has none (run it in "
+                    "JupyterLab, Notebook or a console).")
+                line = "q"
             t0 = time.perf_counter()
             answers = cluster.call("debug_command", line, ranks=chosen)
             trips.append(time.perf_counter() - t0)

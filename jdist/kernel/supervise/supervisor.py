@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import queue
 import sys
 import time
@@ -64,11 +65,12 @@ class CellSupervisor:
                  sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
                  poll_s: float = 0.05, *, run_code: str | None = None,
                  show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True,
-                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] = input):
+                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] | None = None):
         """``run_code``: the code the run shows (default ``code``; ``jdist run``: the script);
         ``show``: how rank displays are shown (default: in the notebook); ``rebuild``: re-build a
         process group that a release broke (``jdist run`` ends instead); ``debug_ranks``: where
-        ``breakpoint()`` stops; ``ask``: how a pdb prompt gets its line (the notebook's input box)."""
+        ``breakpoint()`` stops; ``ask``: how a pdb prompt gets its line (default: ``input``, looked up when asked: the
+        notebook's input box)."""
         self.cluster = cluster
         self.code = code
         targets = cluster.engine_ids(ranks)
@@ -200,7 +202,7 @@ class CellSupervisor:
         if text.strip():
             print(text.rstrip("\n"))
         try:
-            line = self.ask(f"(Pdb r{rank}) ")
+            line = (self.ask or builtins.input)(f"(Pdb r{rank}) ")
         except (EOFError, NotImplementedError):  # no input box (a frontend without stdin)
             print(f"jdist: no input box here (this frontend does not allow input): rank {rank} continues.")
             line = "c"
