@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
-PYTEST_FLAGS ?= -q
+PYTEST_FLAGS ?= -q --durations=12
 
 .PHONY: venv horovod deepspeed chromium testbed labextension demo test test-fast bench lab clean
 
