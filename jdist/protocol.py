@@ -280,6 +280,7 @@ class ClusterState(TypedDict):
     started_at: float
     written_at: float
     run_dir: str
+    paused: list[int]  # ranks stopped at breakpoint() (``--debug-ranks``), waiting for a line typed in the notebook
 
 
 class RunMeta(TypedDict):
@@ -302,7 +303,7 @@ class RunMeta(TypedDict):
 
 # -- server -> browser (REST; mirrored in labextension/src/protocol.ts) --------------------------
 
-RankStateName = Literal["idle", "busy", "dead", "unknown"]
+RankStateName = Literal["idle", "busy", "paused", "dead", "unknown"]
 ClusterStatus = Literal["running", "degraded", "dead"]
 
 

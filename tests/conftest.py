@@ -114,8 +114,8 @@ class KernelSession:
     def run(self, code: str, timeout: float = 180, allow_error: bool = False,
             replies: list[Any] | None = None) -> CellOutput:
         """Run ``code``; ``replies``: what is typed into each input box the cell opens, in order: a line,
-        ``(seconds, line)`` (typed after that long), or :data:`INTERRUPT` (the kernel is interrupted while
-        the box is open). Their prompts go to ``out.prompts``; past the last reply each box gets "q" and
+        ``(seconds, line)`` (typed after that long), a function (called while the box is open; it returns
+        the line), or :data:`INTERRUPT` (the kernel is interrupted while the box is open). Their prompts go to ``out.prompts``; past the last reply each box gets "q" and
         ``out.replies_ran_out``."""
         out = CellOutput()
         answers = list(replies or [])
@@ -130,6 +130,8 @@ class KernelSession:
             if isinstance(answer, tuple):
                 time.sleep(answer[0])
                 answer = answer[1]
+            elif callable(answer):
+                answer = answer()
             self.kc.input(answer)
 
         def hook(msg: dict[str, Any]) -> None:

@@ -87,7 +87,7 @@ def test_the_rest_replies_the_server_builds_have_exactly_their_models_fields(tmp
                              python="p", controller={"pid": 2, "create_time": 0.0}, client_file="f", cluster_file="g",
                              config={"n": 2, "gpus": False, "backend": "ddp", "timeout": 30.0},
                              options=[{"name": "n", "flag": "-n", "value": "2", "scope": "restart", "help": "ranks"}],
-                             ranks=[], started_at=1.0, written_at=1.0, run_dir=str(tmp_path))
+                             ranks=[], started_at=1.0, written_at=1.0, run_dir=str(tmp_path), paused=[])
         assert conforms(m._cluster_view(state, {}, None, {}, {}), ClusterModel) == []
     finally:
         m.close()

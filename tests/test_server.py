@@ -271,6 +271,25 @@ def test_sweeps_listed_live_then_done_with_their_view(server, session):
     assert server.request("GET", f"{API}/sweeps/.hidden")[0] == 400
 
 
+def test_a_rank_stopped_at_breakpoint_is_paused_in_the_sidebar(server, session):
+    """--debug-ranks: while rank 1 waits in pdb for a line typed in the notebook, the REST API (the sidebar) lists
+    it as paused and rank 0 as busy; once it continues, both are idle again."""
+    seen: dict = {}
+
+    def look() -> str:
+        seen["states"] = wait_for(lambda: next(([r["state"] for r in c["ranks"]] for c in clusters(server)
+                                                if "paused" in [r["state"] for r in c["ranks"]]), None),
+                                  what="rank 1 listed as paused")
+        return "c"
+
+    out = session.run("%%distributed --debug-ranks 1\nimport torch.distributed as dist\nif rank == 1:\n"
+                      "    breakpoint()\ndist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1",
+                      replies=[look])
+    assert out.prompts == ["(Pdb r1) "] and seen["states"] == ["busy", "paused"], (out.prompts, seen)
+    wait_for(lambda: [r["state"] for c in clusters(server) for r in c["ranks"]] == ["idle", "idle"],
+             what="both ranks idle after c")
+
+
 def test_manager_on_the_same_state_without_a_server(server, session):
     """JdistManager in this process: sees the cluster, and interrupts the ranks through the controller."""
     manager = JdistManager(runtime_dirs=[server.dirs["runtime"]], run_dir=server.dirs["runs"])

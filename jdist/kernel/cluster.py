@@ -73,6 +73,7 @@ class ClusterSession:
         self._engine_of_rank: dict[int, int] = {}
         self.started_at: float | None = None
         self.state_file: Path | None = None
+        self.paused: set[int] = set()  # ranks stopped at breakpoint() (the sidebar shows them paused)
         self.work_dir: Path | None = None  # private (0700): process-group store, rank stack dumps
         #: What %dist restart replays before restoring a checkpoint.
         self.recovery = RecoveryLog()
@@ -328,6 +329,13 @@ class ClusterSession:
         self.started_at = state.get("started_at") or time.time()
         self.state_file = statefile.write(self)
         return self
+
+    def set_paused(self, rank: int, paused: bool) -> None:
+        """Rank ``rank`` stopped at / went on from ``breakpoint()``: the state file says so (the sidebar)."""
+        before = set(self.paused)
+        (self.paused.add if paused else self.paused.discard)(rank)
+        if self.paused != before and self.state_file is not None:
+            self.state_file = statefile.write(self)
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""

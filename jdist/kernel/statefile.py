@@ -85,6 +85,7 @@ def state_of(cluster: ClusterSession) -> ClusterState:
         started_at=cluster.started_at or time.time(),
         written_at=time.time(),
         run_dir=str(default_run_dir()),
+        paused=sorted(cluster.paused),
     )
 
 

@@ -152,9 +152,12 @@ class JdistManager:
         notebook = (notebooks.get(kid) if kid else None) or kernel.get("notebook")
         cfg = data["config"]
         ranks = []
+        paused = set(data.get("paused") or ())
         for info in data["ranks"]:
             eid = info.get("engine_id")
             st = "unknown" if states is None else states.get(eid, "dead")
+            if st == "busy" and info["rank"] in paused:
+                st = "paused"
             ranks.append(RankModel(rank=info["rank"], host=info["host"], pid=info["pid"], device=info["device"],
                                    local_rank=info.get("local_rank"), engine_id=eid, state=st))
         dead = sum(r["state"] == "dead" for r in ranks)

@@ -3,7 +3,7 @@
  * tools/gen_protocol_ts.py: do not edit (tests/test_protocol.py checks it is current).
  */
 
-export type RankState = 'idle' | 'busy' | 'dead' | 'unknown';
+export type RankState = 'idle' | 'busy' | 'paused' | 'dead' | 'unknown';
 
 export type ClusterStatus = 'running' | 'degraded' | 'dead';
 

@@ -178,7 +178,7 @@ export class DistributedSidebar extends Widget {
   private fillCard(card: ICardState, c: ICluster): void {
     card.el.dataset.clusterId = c.cluster_id;
     card.el.dataset.status = c.status;
-    const busy = c.ranks.filter(r => r.state === 'busy').length;
+    const busy = c.ranks.filter(r => r.state === 'busy' || r.state === 'paused').length;
     const kernel = c.kernel_state
       ? h('span', { class: `jp-jdist-badge jp-jdist-kernel-${c.kernel_state}`, title: 'kernel state' }, `kernel ${c.kernel_state}`)
       : h('span', { class: 'jp-jdist-badge', title: 'This kernel was not started by this Jupyter server' }, 'external kernel');

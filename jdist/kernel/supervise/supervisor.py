@@ -105,6 +105,8 @@ class CellSupervisor:
             self.last_progress = time.monotonic()
             self._wait()
         finally:
+            for rank in list(self.paused):  # interrupted or failed while paused: no longer paused
+                self.cluster.set_paused(rank, False)
             if self.debug_ranks and not self.cluster.dead_ranks():
                 try:
                     self.cluster.call("debug_arm", None, timeout=10)
@@ -191,6 +193,7 @@ class CellSupervisor:
             return
         if rank not in self.paused:
             self.paused.add(rank)
+            self.cluster.set_paused(rank, True)
             others = [r for r in self.ranks if r != rank and r not in self.paused]
             timeout = self.cluster.config.timeout
             when = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
@@ -210,6 +213,7 @@ class CellSupervisor:
                                                   content={"seq": msg["seq"], "line": line}, block=False)
         if line.strip() in ("c", "cont", "continue", "q", "quit", "exit"):
             self.paused.discard(rank)
+            self.cluster.set_paused(rank, False)
         self.last_progress = time.monotonic()
 
     # -- DRAINING ----------------------------------------------------------------------------
