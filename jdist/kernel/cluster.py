@@ -402,7 +402,10 @@ class ClusterSession:
         return self.apply(RankCall(name), *args, ranks=ranks, timeout=timeout)
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
-        """Send SIGINT to the rank processes through the controller (KeyboardInterrupt in their code)."""
+        """Send SIGINT to the rank processes through the controller (KeyboardInterrupt in their code);
+        ``ranks`` None: all, empty: none."""
+        if ranks is not None and not list(ranks):
+            return
         self._require().send_signal(signal.SIGINT, targets=self.engine_ids(ranks), block=True)
 
     def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:

@@ -342,10 +342,17 @@ class Sweep:
             self.enter_refused = len(errors) == len(ar) and all("Nothing was changed" in str(e[1]) for e in errors)
             self.enter_error = "; ".join(strip_ansi(f"{e[0]}: {e[1]}") for e in errors[:2]) + \
                 " (run %dist restart if the ranks do not answer)"
-            self.interrupted = True
-            self._stop_all("interrupted")
-            for tr in self.ending:
-                tr.stopped = tr.stopped or "interrupted"
+            self.interrupted = True  # nothing more is sent
+            # the trials sent behind it fail by themselves on ranks without a slot: no signal (it could reach an
+            # engine between two requests); none of them counts
+            now = time.time()
+            for tr in [*self.running.values(), *self.queued.values(), *self.ending]:
+                tr.stopped, tr.stopped_at = "interrupted", tr.stopped_at or now
+            for tr in self.queued.values():
+                try:
+                    self.cluster.client.abort(jobs=tr.view.ar, targets=self.cluster.engine_ids(tr.ranks), block=False)
+                except Exception:
+                    pass
 
     def _loop(self, optuna: Any, name: str) -> None:
         while True:
@@ -522,6 +529,8 @@ class Sweep:
                                                   msg_type=REPLY_TYPE, content=reply, block=False)
 
     def _watch(self, tr: TrialRun) -> None:
+        if self.entering is not None:  # a failure now may be a rank without a slot: tune_enter's answer decides
+            return
         now = time.time()
         if tr.stopped is None:
             if tr.view.failed_while_others_run():  # the others wait for the failed rank in a collective
