@@ -46,6 +46,7 @@ def test_post_mortem_on_the_failed_rank_shows_its_frames_and_locals(failed):
     assert "(2, 3)" in text and "12.0" in text  # the failing frame's locals
     assert 'raise ValueError(f"rank {rank}: total' in text  # `l`: the cell's source around the line
     assert "scale(torch.arange(4.0), factor=2)" in text  # `w` and `u`: the cell's frame that called it
+    assert "interactiveshell.py" not in text  # `w` starts at the cell: no IPython or engine frames above it
     assert "batch = tensor([0., 1., 2., 3.])" in text  # `a`: the arguments of the frame
     assert "tensor([2.])" in text  # `u`, then `p t`: the cell's own variable, after the all_reduce
     assert "Post-mortem ended; rank 1 and the others are as they were." in text

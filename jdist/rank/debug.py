@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 import io
+import os
 import pdb
 import queue
 import sys
@@ -75,6 +76,7 @@ def start() -> dict[str, Any]:
     _pdb = pdb.Pdb(stdout=_out, nosigint=True, readrc=False)
     _pdb.reset()
     _pdb.setup(None, exc.__traceback__)
+    _from_the_cell(_pdb)
     _pdb.print_stack_entry(_pdb.stack[_pdb.curindex])
     return {"error": _error_line(exc), "text": _take()}
 
@@ -101,6 +103,18 @@ def end() -> None:
     if _pdb is not None:
         _pdb.forget()
     _pdb = None
+
+
+def _from_the_cell(debugger: pdb.Pdb) -> None:
+    """Start the stack at the first frame of a cell: the engine's and IPython's machinery above it is not the
+    user's code (``w``, ``u`` and ``d`` then stay in the cell and what it calls)."""
+    for i, (frame, _) in enumerate(debugger.stack):
+        name = frame.f_code.co_filename
+        if name.startswith("<ipython-input") or os.path.basename(os.path.dirname(name)).startswith("ipykernel_"):
+            if 0 < i <= debugger.curindex:
+                debugger.stack = debugger.stack[i:]
+                debugger.curindex -= i
+            return
 
 
 def _take() -> str:
@@ -212,6 +226,10 @@ class RelayPdb(pdb.Pdb):
     def __init__(self) -> None:
         relay = _Relay()
         super().__init__(stdin=relay, stdout=relay, nosigint=True, readrc=False)
+
+    def setup(self, f: Any, tb: Any) -> None:
+        super().setup(f, tb)
+        _from_the_cell(self)
 
     def _cmdloop(self) -> None:
         # pdb's own loop catches KeyboardInterrupt and prompts again; here the interrupt (the kernel's
