@@ -194,3 +194,15 @@ __all__ = [
     "first_failure",
     "usage_error",
 ]
+
+
+def remote_errors(exc: BaseException, limit: int = 2) -> str:
+    """One line for an error the ranks raised: each rank's ``ename: evalue`` (ipyparallel's ``CompositeError``
+    carries them in ``elist``; the first ``limit``), else the error itself.
+
+    >>> remote_errors(ValueError("boom"))
+    'ValueError: boom'
+    """
+    errors = getattr(exc, "elist", None) or [(type(exc).__name__, getattr(exc, "evalue", None) or str(exc))]
+    return "; ".join(strip_ansi(f"{e[0]}: {e[1]}") for e in errors[:limit])
+

@@ -36,6 +36,7 @@ imports the rank runtime to send a call::
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any, Literal, TypedDict, Union
 
 #: Bumped when a message changes incompatibly; kernel and ranks must agree (checked at start).
@@ -195,6 +196,15 @@ class DebugMessage(TypedDict):
     cell: int
     seq: int
     text: str
+
+
+#: A run's or a sweep's folder name: also its id in the server's URLs.
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+#: Control-channel messages the kernel sends to a rank that waits for an answer (``Client._send_control_request``;
+#: the rank registers a control handler for them: :func:`jdist.rank.channel.on_control`).
+TUNE_REPLY = "jdist_tune_reply"  # to a trial's request: {"trial", "seq", "value"} or "error"
+DEBUG_REPLY = "jdist_debug_reply"  # to a rank stopped at breakpoint(): {"seq", "line"}
 
 
 DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,

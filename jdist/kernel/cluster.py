@@ -401,6 +401,12 @@ class ClusterSession:
         """Run ``jdist.rank.rpc.<name>(*args)`` on ``ranks``; the results in rank order."""
         return self.apply(RankCall(name), *args, ranks=ranks, timeout=timeout)
 
+    def reply(self, rank: int, msg_type: str, content: dict[str, Any]) -> None:
+        """Send ``content`` to a rank that waits for it, on its engine's control channel (answered on the
+        rank's control thread while its cell runs: :func:`jdist.rank.channel.on_control`); no wait."""
+        self._require()._send_control_request(targets=[self.engine_ids([rank])[0]], msg_type=msg_type,
+                                              content=content, block=False)
+
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Send SIGINT to the rank processes through the controller (KeyboardInterrupt in their code);
         ``ranks`` None: all, empty: none."""

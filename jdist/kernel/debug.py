@@ -16,7 +16,7 @@ In the notebook::
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from jdist.errors import strip_ansi
 
@@ -85,11 +85,3 @@ def _show(say: Callable[[str], None], rank: int, text: str, labelled: bool) -> N
     if not text:
         return
     say("\n".join(f"[r{rank}] {line}" for line in text.splitlines()) if labelled else text)
-
-
-def describe_error(exc: Any) -> str:
-    """One line for a failed debug call on the ranks."""
-    elist = getattr(exc, "elist", None)
-    if elist:
-        return "; ".join(f"{e[0]}: {e[1]}" for e in elist[:2])
-    return f"{type(exc).__name__}: {getattr(exc, 'evalue', exc)}"

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from jdist.errors import usage_error
+from jdist.errors import remote_errors, usage_error
 from jdist.options import CellOptions, OptionTable
 from jdist.plugins import backend_spec, option_table
 from jdist.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
@@ -231,7 +231,7 @@ class DistributedMagics(Magics):
         try:
             debug.post_mortem(cluster, ranks, input, _say)
         except RemoteError as exc:
-            raise usage_error(f"%dist debug: {debug.describe_error(exc)}") from None
+            raise usage_error(f"%dist debug: {remote_errors(exc)}") from None
 
     def _dist_status(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         _say(format_status(cluster.status()))

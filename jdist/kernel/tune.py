@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import RankFailure, strip_ansi
+from jdist.errors import RankFailure, remote_errors, strip_ansi
 from jdist.metrics import default_run_dir
-from jdist.protocol import RankCall
+from jdist.protocol import FOLDER_NAME, TUNE_REPLY, RankCall
 
 from . import cluster as cl
 from .sinks import RunLogSink
@@ -58,9 +58,6 @@ FAILED_SHOWN = 5
 PREFETCH_BELOW_S = 10.0
 #: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
 GRACE_S = 15.0
-#: A sweep's name: its folder under :func:`sweeps_dir` and its link in the sidebar.
-SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-REPLY_TYPE = "jdist_tune_reply"  # jdist.rank.tune.REPLY_TYPE (the kernel does not import rank code)
 
 _last: Sweep | None = None
 
@@ -192,7 +189,7 @@ def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, directi
     from .journal import MirroredJournal
 
     root = sweeps_dir()
-    if name is not None and (not SWEEP_NAME.fullmatch(name) or name.startswith(".")):
+    if name is not None and (not FOLDER_NAME.fullmatch(name) or name.startswith(".")):
         raise ValueError(f"name={name!r}: a sweep's name is its folder's (and the sidebar's link): use letters, "
                          "digits, '.', '_' and '-', not starting with '.'.")
     if study is not None:
@@ -340,8 +337,7 @@ class Sweep:
             errors = getattr(exc, "elist", None) or [(type(exc).__name__, str(exc))]
             # every rank refused before changing its group (jdist.rank.tune.enter_slots): nothing to give back
             self.enter_refused = len(errors) == len(ar) and all("Nothing was changed" in str(e[1]) for e in errors)
-            self.enter_error = "; ".join(strip_ansi(f"{e[0]}: {e[1]}") for e in errors[:2]) + \
-                " (run %dist restart if the ranks do not answer)"
+            self.enter_error = remote_errors(exc) + " (run %dist restart if the ranks do not answer)"
             self.interrupted = True  # nothing more is sent
             # the trials sent behind it fail by themselves on ranks without a slot: no signal (it could reach an
             # engine between two requests); none of them counts
@@ -525,8 +521,7 @@ class Sweep:
             except (TypeError, ValueError):
                 reply = {"trial": reply["trial"], "seq": reply["seq"],
                          "error": f"{op}: the value {reply.pop('value')!r} cannot be sent to the ranks (not JSON)"}
-        self.cluster.client._send_control_request(targets=[self.cluster.engine_ids([rank])[0]],
-                                                  msg_type=REPLY_TYPE, content=reply, block=False)
+        self.cluster.reply(rank, TUNE_REPLY, reply)
 
     def _watch(self, tr: TrialRun) -> None:
         if self.entering is not None:  # a failure now may be a rank without a slot: tune_enter's answer decides

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from jdist.codec import encode_data
 from jdist.protocol import DATA_KEY, DataMessage
@@ -50,3 +50,23 @@ class NullChannel:
 
     def publish(self, message: DataMessage) -> None:
         pass
+
+
+def on_control(msg_type: str, handle: Callable[[dict[str, Any]], None] | None) -> bool:
+    """Call ``handle(content)`` on the engine's control thread for each ``msg_type`` message the kernel sends
+    (each is acknowledged as ``<msg_type>_ack``); ``handle`` None stops. False where this process is no engine."""
+    from IPython import get_ipython
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return False
+    if handle is None:
+        kernel.control_handlers.pop(msg_type, None)
+        return True
+
+    def receive(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        handle(parent["content"])
+        kernel.session.send(stream, msg_type + "_ack", {"status": "ok"}, parent, ident=ident)
+
+    kernel.control_handlers[msg_type] = receive
+    return True

@@ -35,10 +35,9 @@ import sys
 import time
 from typing import Any
 
-from jdist.protocol import PROTOCOL_VERSION, DebugMessage
+from jdist.protocol import DEBUG_REPLY, PROTOCOL_VERSION, DebugMessage
 
-#: The control-channel message type that carries the line typed in the notebook.
-REPLY_TYPE = "jdist_debug_reply"
+from .channel import on_control
 
 #: pdb commands that would run code on a finished traceback (stepping, jumping): refused, with why.
 STEPPING = {"n", "next", "s", "step", "r", "return", "unt", "until", "j", "jump", "restart", "run"}
@@ -138,12 +137,7 @@ def arm(on: bool) -> None:
     """Whether ``breakpoint()`` stops this rank in the cells that follow (until armed off)."""
     global _armed
     _armed = on
-    handlers = _control_handlers()
-    if handlers is not None:
-        if on:
-            handlers[REPLY_TYPE] = _on_reply
-        else:
-            handlers.pop(REPLY_TYPE, None)
+    on_control(DEBUG_REPLY, _replies.put if on else None)
 
 
 def install() -> None:
@@ -235,18 +229,3 @@ class RelayPdb(pdb.Pdb):
         # pdb's own loop catches KeyboardInterrupt and prompts again; here the interrupt (the kernel's
         # SIGINT) ends the pause and the cell, as it would without the debugger
         self.cmdloop()
-
-
-def _control_handlers() -> dict[str, Any] | None:
-    from IPython import get_ipython
-
-    kernel = getattr(get_ipython(), "kernel", None)
-    return None if kernel is None else kernel.control_handlers
-
-
-def _on_reply(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-    from IPython import get_ipython
-
-    _replies.put(parent["content"])
-    kernel = get_ipython().kernel
-    kernel.session.send(stream, REPLY_TYPE + "_ack", {"status": "ok"}, parent, ident=ident)

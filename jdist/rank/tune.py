@@ -35,12 +35,11 @@ import queue
 import time
 from typing import Any, Callable
 
-from jdist.protocol import PROTOCOL_VERSION, TuneMessage
+from jdist.protocol import PROTOCOL_VERSION, TUNE_REPLY, TuneMessage
 
+from .channel import on_control
 from .session import session
 
-#: The control-channel message type the kernel answers with (see the module doc).
-REPLY_TYPE = "jdist_tune_reply"
 #: How often a rank checks whether its slot partners reached the agreement before a trial (seconds).
 POLL_S = 0.0005
 #: How long a rank waits for the kernel's answer to a request before raising.
@@ -98,7 +97,8 @@ def enter_slots(per_trial: int) -> dict[str, int]:
     init_process_group(ctx)
     _use_ctx(s, ctx)
     _slot = Slot(index, per_trial, comm, world, _sweeps)
-    _control_handlers()[REPLY_TYPE] = _on_reply
+    if not on_control(TUNE_REPLY, _on_reply):
+        raise RuntimeError("jdist.tune runs trials on ipyparallel engines; this rank has no engine kernel.")
     return {"slot": index, "slot_rank": ctx.rank}
 
 
@@ -112,7 +112,7 @@ def leave_slots() -> bool:
     slot = _slot
     if slot is None:
         return False
-    _control_handlers().pop(REPLY_TYPE, None)
+    on_control(TUNE_REPLY, None)
     try:
         destroy_process_group()
     except Exception:  # a group a trial broke may complain while shutting down; it is gone either way
@@ -177,23 +177,10 @@ def _require_slot() -> Slot:
 
 
 # -- the kernel's answers: on the engine's control thread ----------------------------------------
-def _control_handlers() -> dict[str, Any]:
-    from IPython import get_ipython
-
-    kernel = getattr(get_ipython(), "kernel", None)
-    if kernel is None:
-        raise RuntimeError("jdist.tune runs trials on ipyparallel engines; this rank has no engine kernel.")
-    return kernel.control_handlers
-
-
-def _on_reply(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-    from IPython import get_ipython
-
+def _on_reply(content: dict[str, Any]) -> None:
     slot = _slot
     if slot is not None:
-        slot.replies.put(parent["content"])
-    kernel = get_ipython().kernel
-    kernel.session.send(stream, REPLY_TYPE + "_ack", {"status": "ok"}, parent, ident=ident)
+        slot.replies.put(content)
 
 
 # -- trials --------------------------------------------------------------------------------------

@@ -34,6 +34,14 @@ class _Base(APIHandler):
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(data, allow_nan=False))
 
+    def limit(self) -> int:
+        """``?limit=N`` (default :data:`DEFAULT_RUN_LIMIT`, within 1-200)."""
+        try:
+            limit = int(self.get_query_argument("limit", str(DEFAULT_RUN_LIMIT)))
+        except ValueError:
+            raise tornado.web.HTTPError(400, "limit must be an integer") from None
+        return min(max(limit, 1), 200)
+
     async def call(self, coro: Any) -> None:
         try:
             self.reply(await coro)
@@ -57,11 +65,7 @@ class ClusterActionHandler(_Base):
 class RunsHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
-        try:
-            limit = int(self.get_query_argument("limit", str(DEFAULT_RUN_LIMIT)))
-        except ValueError:
-            raise tornado.web.HTTPError(400, "limit must be an integer") from None
-        await self.call(_wrap("runs", self.manager.runs(min(max(limit, 1), 200))))
+        await self.call(_wrap("runs", self.manager.runs(self.limit())))
 
 
 class RunHandler(_Base):
@@ -73,11 +77,7 @@ class RunHandler(_Base):
 class SweepsHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
-        try:
-            limit = int(self.get_query_argument("limit", str(DEFAULT_RUN_LIMIT)))
-        except ValueError:
-            raise tornado.web.HTTPError(400, "limit must be an integer") from None
-        await self.call(_wrap("sweeps", self.manager.sweeps(min(max(limit, 1), 200))))
+        await self.call(_wrap("sweeps", self.manager.sweeps(self.limit())))
 
 
 class SweepHandler(_Base):

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
@@ -24,11 +23,10 @@ from typing import Any, Callable, Iterable, TypeVar
 from jdist.metrics import Run, RunReader, list_runs
 from jdist.metrics.panels import MAX_POINTS, eta_s, panels, sparks, steps_done, thin_panel
 from jdist.metrics.stats import finite
-from jdist.protocol import RunDetailModel, RunHeadModel, RunSummaryModel
+from jdist.protocol import FOLDER_NAME, RunDetailModel, RunHeadModel, RunSummaryModel
 
 #: Run views whose last reply is kept (a run view polls every second).
 DETAIL_CACHE = 8
-RUN_ID = re.compile(r"[A-Za-z0-9_.-]+")
 T = TypeVar("T")
 
 
@@ -120,7 +118,7 @@ class RunIndex:
     def detail(self, run_id: str, extra_roots: Iterable[str | Path], live: set[str],
                notebooks: dict[str, str | None]) -> RunDetailModel | None:
         """One run with every panel; None if there is no run ``run_id`` (ValueError: a bad id)."""
-        if not RUN_ID.fullmatch(run_id):
+        if not FOLDER_NAME.fullmatch(run_id):
             raise ValueError(f"Bad run id {run_id!r}.")
         path = next((root / run_id for root in self.roots(extra_roots) if (root / run_id / "meta.json").exists()), None)
         if path is None:

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from pathlib import Path
 from typing import Iterable
 
-from jdist.protocol import SweepDetailModel, SweepSummaryModel
-
-SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+from jdist.protocol import FOLDER_NAME, SweepDetailModel, SweepSummaryModel
 
 
 def read_sweep(folder: Path, live: set[str], notebooks: dict[str, str | None]) -> SweepSummaryModel | None:
@@ -67,7 +64,7 @@ class SweepIndex:
     def detail(self, name: str, extra_roots: Iterable[str | Path], live: set[str],
                notebooks: dict[str, str | None]) -> SweepDetailModel | None:
         """One sweep with its view; None if there is none called ``name`` (ValueError: a bad name)."""
-        if not SWEEP_NAME.fullmatch(name) or name.startswith("."):
+        if not FOLDER_NAME.fullmatch(name) or name.startswith("."):
             raise ValueError(f"Bad sweep name {name!r}.")
         for folder in self.folders(extra_roots):
             if folder.name == name:

@@ -33,7 +33,7 @@ from jdist.errors import RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
 from jdist.plugins import backend_spec
-from jdist.protocol import parse_message
+from jdist.protocol import DEBUG_REPLY, parse_message
 from jdist.stacks import summary
 
 from .detectors import Detector, Release, Stop, default_detectors
@@ -46,9 +46,6 @@ from .view import IppCellView, Message
 if TYPE_CHECKING:
     from ..cluster import ClusterSession
     from ..sinks import RecordSink
-
-
-DEBUG_REPLY = "jdist_debug_reply"  # jdist.rank.debug.REPLY_TYPE (the kernel does not import rank code)
 
 
 class Phase(str, Enum):
@@ -186,10 +183,8 @@ class CellSupervisor:
         notebook, send it back on the engine's control channel. While the input box is open nothing else
         is polled (no hang is declared for the ranks waiting for this one)."""
         text = msg["text"].removesuffix("(Pdb) ")
-        engine = self.cluster.engine_ids([rank])[0]
         if self.releasing:  # interrupted or released: no more input boxes, the rank's pdb is told to quit
-            self.cluster.client._send_control_request(targets=[engine], msg_type=DEBUG_REPLY,
-                                                      content={"seq": msg["seq"], "line": "q"}, block=False)
+            self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": "q"})
             return
         if rank not in self.paused:
             self.paused.add(rank)
@@ -209,8 +204,7 @@ class CellSupervisor:
         except (EOFError, NotImplementedError):  # no input box (a frontend without stdin)
             print(f"jdist: no input box here (this frontend does not allow input): rank {rank} continues.")
             line = "c"
-        self.cluster.client._send_control_request(targets=[engine], msg_type=DEBUG_REPLY,
-                                                  content={"seq": msg["seq"], "line": line}, block=False)
+        self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": line})
         if line.strip() in ("c", "cont", "continue", "q", "quit", "exit"):
             self.paused.discard(rank)
             self.cluster.set_paused(rank, False)

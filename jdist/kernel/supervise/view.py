@@ -8,8 +8,8 @@ each future's ``iopub_callbacks`` and its ``output.metadata``, and the client's 
 is why ipyparallel is pinned to 9.x (pyproject.toml). The other reads of its private parts:
 the engine launcher's ``_output`` (:func:`jdist.kernel.launch.mpi.engine_set_launcher`, a lenient
 UTF-8 read), the controller's engine-id file name (removed by ``ClusterSession.stop``) and the
-client's ``_send_control_request`` (:mod:`jdist.kernel.tune`: answers to a running trial on the
-engines' control channel).
+client's ``_send_control_request`` (``ClusterSession.reply``: answers to a running trial or to a rank
+stopped at ``breakpoint()``, on the engines' control channel).
 """
 
 from __future__ import annotations
