@@ -203,7 +203,8 @@ FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 #: Control-channel messages the kernel sends to a rank that waits for an answer (``Client._send_control_request``;
 #: the rank registers a control handler for them: :func:`jdist.rank.channel.on_control`).
-TUNE_REPLY = "jdist_tune_reply"  # to a trial's request: {"trial", "seq", "value"} or "error"
+#: to a trial's request: {"trial", "seq", "value"} or "error"; or the kernel stops a trial: {"trial", "stop": why}
+TUNE_REPLY = "jdist_tune_reply"
 DEBUG_REPLY = "jdist_debug_reply"  # to a rank stopped at breakpoint(): {"seq", "line"}
 
 

@@ -67,6 +67,16 @@ def wrapped(trial):
             raise optuna.TrialPruned()
     return x + dist.get_world_size() * 100
 
+def stale(trial):
+    # what reaches a rank late, meant for the trial before on its slot: a stop and a plain SIGINT
+    import os, signal, jdist.rank.tune as rt
+    rt.stop_trial(trial.number - 1, "stopped")
+    os.kill(os.getpid(), signal.SIGINT)
+    t = torch.ones(1)
+    time.sleep(0.05)
+    dist.all_reduce(t)                          # a collective right behind them
+    return float(t)
+
 def slow(trial):
     x = trial.suggest_float("x", 0.0, 1.0)
     for _ in range(10):
@@ -138,7 +148,16 @@ def test_code_written_for_torch_distributed_trial_runs_unchanged(tk):
     assert sorted(rows, key=lambda r: r[0]) == [(1.0, "COMPLETE", 201.0), (2.0, "COMPLETE", 202.0),
                                                  (8.0, "PRUNED", 8.0), (9.0, "PRUNED", 9.0)]  # last reported
     tk.run("%dist pull pruned_at")
-    assert {step for d in tk.value("pruned_at") for step in d.values()} == {2}  # both ranks, at the warm-up's end
+    per_rank = tk.value("pruned_at")
+    slots = dict(tk.value("[(t.number, t.user_attrs['jdist_slot']) for t in wstudy.trials if t.state.name == 'PRUNED']"))
+    for n, slot in slots.items():  # both ranks of its slot raised TrialPruned, at the warm-up's end
+        assert [per_rank[r].get(n) for r in (2 * slot, 2 * slot + 1)] == [2, 2], (n, per_rank)
+
+
+def test_a_signal_or_stop_meant_for_the_trial_before_does_not_reach_the_next(tk):
+    out = tk.run("jdist.tune('stale', trials=6, per_trial=2, show=False)")
+    assert "6 complete" in out.stdout, out.stdout
+    assert tk.value("[t.value for t in jdist.kernel.tune._last.study.trials]") == [2.0] * 6
 
 
 def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_on(tk):

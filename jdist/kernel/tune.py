@@ -58,6 +58,9 @@ FAILED_SHOWN = 5
 PREFETCH_BELOW_S = 10.0
 #: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
 GRACE_S = 15.0
+#: Seconds the other ranks of a trial get to raise TrialPruned after one did (SPMD code prunes on every rank)
+#: before they are released from the collective they may wait in.
+PRUNED_WAIT_S = 5.0
 
 _last: Sweep | None = None
 
@@ -253,6 +256,7 @@ class TrialRun:
     pruned: bool = False
     stopped: str | None = None  # why the sweep stopped it: "timed out after ..." / "interrupted"
     stopped_at: float | None = None
+    failed_at: float | None = None  # a rank's part failed while others ran
     where: list[str] = field(default_factory=list)  # each rank's line when it was stopped
     ended: float = 0.0
     decisions: dict[int, bool] = field(default_factory=dict)  # should_prune call number -> the answer
@@ -528,18 +532,27 @@ class Sweep:
             return
         now = time.time()
         if tr.stopped is None:
-            if tr.view.failed_while_others_run():  # the others wait for the failed rank in a collective
-                tr.stopped, tr.stopped_at = "released", now
-                self.cluster.interrupt(tr.view.running())
+            failed = tr.view.early_failures()  # the others may wait for the failed rank in a collective
+            if failed and tr.failed_at is None:
+                tr.failed_at = now
+            if failed and (set(failed) != {"TrialPruned"} or now - (tr.failed_at or now) > PRUNED_WAIT_S):
+                self._stop(tr, "released")  # (the others of a pruned trial raise TrialPruned too: given time)
             elif self.trial_timeout is not None and tr.started is not None and now - tr.started > self.trial_timeout:
                 tr.where = self._where(tr)
-                tr.stopped, tr.stopped_at = f"timed out after {self.trial_timeout:g} s", now
-                self.cluster.interrupt(tr.view.running())
+                self._stop(tr, f"timed out after {self.trial_timeout:g} s")
         elif tr.stopped_at is not None and now - tr.stopped_at > GRACE_S and not tr.view.ready():
             self.lost = True  # its ranks are stuck: no group to give back
             raise RuntimeError(f"jdist.tune: trial {tr.trial.number} on ranks {tr.ranks} did not stop within "
                                f"{GRACE_S:g} s of being {tr.stopped}; run %dist restart, then "
                                "jdist.tune(..., resume=True).")
+
+    def _stop(self, tr: TrialRun, why: str) -> None:
+        """Stop ``tr`` on its ranks (KeyboardInterrupt in the objective; a blocked collective is released):
+        a message for this trial on each rank's control channel, not a signal to the process, which could
+        reach the trial queued behind it (:func:`jdist.rank.tune.stop_trial`)."""
+        tr.stopped, tr.stopped_at = why, time.time()
+        for rank in tr.view.running():
+            self.cluster.reply(rank, TUNE_REPLY, {"trial": tr.trial.number, "stop": why})
 
     def _where(self, tr: TrialRun) -> list[str]:
         from jdist.stacks import summary
@@ -553,17 +566,15 @@ class Sweep:
     def _stop_all(self, why: str) -> None:
         if self.entering is not None:  # the slots form first: a signal in the middle would leave them half made
             self.entering.wait(GRACE_S)
-        now = time.time()
-        for tr in self.queued.values():  # not started: taken out of the engines' queues
-            tr.stopped, tr.stopped_at = why, now
+        for tr in self.queued.values():  # not started: taken out of the engines' queues (or stopped as it begins)
             try:
                 self.cluster.client.abort(jobs=tr.view.ar, targets=self.cluster.engine_ids(tr.ranks), block=False)
             except Exception:
                 pass
+            self._stop(tr, why)
         for tr in self.running.values():
             if tr.stopped is None:
-                tr.stopped, tr.stopped_at = why, now
-                self.cluster.interrupt(tr.view.running())
+                self._stop(tr, why)
 
     def _kill_running(self, optuna: Any) -> None:
         for tr in self.ending:

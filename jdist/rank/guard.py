@@ -70,6 +70,8 @@ class Guard:
         self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
         self.broken: str | None = None  # why this rank broke the group's connections (None: intact)
         self.released_from: str | None = None  # where the main thread waited when it was released
+        #: While set, a SIGINT releases a collective only if this says yes (a sweep: only a stopped trial's)
+        self.may_release: Callable[[], bool] | None = None
 
     def install(self, rank: int, stacks_dir: str | None, report: Callable[[str], None] | None = None) -> None:
         """Set up stack dumps and the release thread (main thread; the thread once per process).
@@ -199,7 +201,7 @@ def _watch_signals() -> None:
                 s.guard.on_terminate()
             if SAMPLE_SIGNAL in data:
                 s.guard.write_sample()
-            if signal.SIGINT in data:
+            if signal.SIGINT in data and (s.guard.may_release is None or s.guard.may_release()):
                 s.guard.release("interrupted")
 
     _signal_thread = threading.Thread(target=watch, name="jdist-guard", daemon=True)

@@ -32,6 +32,8 @@ import importlib.util
 import os
 import sys
 import queue
+import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -62,6 +64,9 @@ class Slot:
 _slot: Slot | None = None
 _trial: Trial | None = None
 _sweeps = 0
+#: trial number -> why the kernel stopped it (a stop can arrive before the trial began on this rank)
+_stops: dict[int, str] = {}
+_stop_lock = threading.Lock()  # the control thread's stop and the main thread's trial change
 
 
 def enter_slots(per_trial: int) -> dict[str, int]:
@@ -97,6 +102,9 @@ def enter_slots(per_trial: int) -> dict[str, int]:
     init_process_group(ctx)
     _use_ctx(s, ctx)
     _slot = Slot(index, per_trial, comm, world, _sweeps)
+    _stops.clear()
+    if s.guard is not None:  # a SIGINT releases a collective only when it stops the running trial
+        s.guard.may_release = _stopping
     if not on_control(TUNE_REPLY, _on_reply):
         raise RuntimeError("jdist.tune runs trials on ipyparallel engines; this rank has no engine kernel.")
     return {"slot": index, "slot_rank": ctx.rank}
@@ -113,6 +121,9 @@ def leave_slots() -> bool:
     if slot is None:
         return False
     on_control(TUNE_REPLY, None)
+    if s.guard is not None:
+        s.guard.may_release = None
+    _stops.clear()
     try:
         destroy_process_group()
     except Exception:  # a group a trial broke may complain while shutting down; it is gone either way
@@ -176,11 +187,41 @@ def _require_slot() -> Slot:
     return _slot
 
 
-# -- the kernel's answers: on the engine's control thread ----------------------------------------
+# -- the kernel's answers and stops: on the engine's control thread -------------------------------
 def _on_reply(content: dict[str, Any]) -> None:
     slot = _slot
-    if slot is not None:
+    if slot is None:
+        return
+    if "stop" in content:
+        stop_trial(int(content["trial"]), str(content["stop"]))
+    else:
         slot.replies.put(content)
+
+
+def stop_trial(number: int, why: str) -> None:
+    """Stop trial ``number`` on this rank: KeyboardInterrupt in its objective, now if it runs, else as it
+    begins; a blocked collective of it is released (:meth:`jdist.rank.guard.Guard.release`).
+
+    The kernel stops a trial this way, not with a signal to the process: a SIGINT sent as one trial
+    ends can reach the next one, queued behind it on the same engine, on one rank of its slot only.
+    """
+    with _stop_lock:
+        _stops[number] = why
+        if _trial is not None and _trial.number == number:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
+def _stopping() -> bool:
+    """Whether the kernel stopped the trial running now (a SIGINT then interrupts it)."""
+    trial = _trial
+    return trial is not None and trial.number in _stops
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """The main thread's SIGINT handler while a trial runs: KeyboardInterrupt if the kernel stopped this
+    trial; a signal meant for the trial before is dropped."""
+    if _stopping():
+        raise KeyboardInterrupt
 
 
 # -- trials --------------------------------------------------------------------------------------
@@ -317,22 +358,43 @@ def run_trial(number: int, objective: str | Callable[[Trial], Any],
     s.begin_cell()
     before = set(map(id, [*s.train.models, *s.train.optimizers]))
     try:
+        # from here a SIGINT interrupts only a stopped trial (ipykernel puts its own handler back after the
+        # request); the repair is never interrupted: a rank leaving it alone would leave its partners in it
+        signal.signal(signal.SIGINT, _on_sigint)
         repaired = repair_if_broken(slot)
         if slot.comm.Get_rank() == 0:
             trial._send("started", {"time": time.time(), "repaired": repaired})
-        _trial = trial
         try:
+            with _stop_lock:
+                for old in [n for n in _stops if n < number]:  # trials this rank will not run again
+                    del _stops[old]
+                _trial = trial
+            if _stopping():
+                raise KeyboardInterrupt(f"trial {number} was stopped before it began: {_stops[number]}")
             return _as_value(fn(trial))
         except BaseException:
             slot.failed = True
             raise
         finally:
-            _trial = None
+            _end_trial(number)
     finally:
         for kept in (s.train.models, s.train.optimizers):  # the trial's own: not re-attached to the world
             for obj in [o for o in kept if id(o) not in before]:  # group at the sweep's end
                 kept.discard(obj)
         s.end_cell()
+
+
+def _end_trial(number: int) -> None:
+    """No trial runs from now on (a stop for ``number`` that is on its way is dropped)."""
+    global _trial
+    while True:
+        try:
+            with _stop_lock:
+                _trial = None
+                _stops.pop(number, None)
+            return
+        except KeyboardInterrupt:  # the stop arrived as the trial ended: it has ended
+            continue
 
 
 def _optuna_compat() -> None:

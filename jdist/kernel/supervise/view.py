@@ -109,14 +109,22 @@ class IppCellView:
         A script run with ``%run`` that raised replies "ok" (IPython shows the error itself), so
         the error message counts too; a clean exit (``sys.exit(0)``) is no failure: the others go on.
         """
-        def failed(md: dict[str, Any]) -> bool:
+        return bool(self.early_failures())
+
+    def early_failures(self) -> list[str]:
+        """The error names of the ranks that failed while others still run (``[]``: none, or all ended)."""
+        def failed(md: dict[str, Any]) -> str | None:
             err = md.get("error")
             if err is not None:
-                return RankFailure(0, getattr(err, "ename", ""), getattr(err, "evalue", "")).exit_code != 0
-            return md.get("status") == "error"
+                ename = getattr(err, "ename", "")
+                return ename if RankFailure(0, ename, getattr(err, "evalue", "")).exit_code != 0 else None
+            return "UnknownError" if md.get("status") == "error" else None
 
         done = [c.done() for c in self._children]
-        return not all(done) and any(d and failed(md) for d, md in zip(done, self.ar.metadata))
+        if all(done):
+            return []
+        names = (failed(md) if d else None for d, md in zip(done, self.ar.metadata))
+        return [name for name in names if name is not None]
 
     def failures(self) -> dict[int, RankFailure]:
         """Per rank whose part failed (engine death included): what failed and when (call once ready)."""
