@@ -198,6 +198,18 @@ class DebugMessage(TypedDict):
     text: str
 
 
+class DapMessage(TypedDict):
+    """An event of a rank's debugpy (JupyterLab's Debugger panel on a ``%%distributed`` cell: "stopped",
+    "continued", "thread", "output"), as debugpy sent it; the kernel renumbers its ids for the panel
+    (:mod:`jdist.kernel.dapbridge`). Requests go to the rank on the control channel as ``jdist_dap_request``
+    (a DAP request; the answer is the ``response`` of the control reply)."""
+
+    v: int
+    kind: Literal["dap"]
+    cell: int
+    event: dict[str, Any]
+
+
 #: A run's or a sweep's folder name: also its id in the server's URLs.
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -206,11 +218,12 @@ FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 #: to a trial's request: {"trial", "seq", "value"} or "error"; or the kernel stops a trial: {"trial", "stop": why}
 TUNE_REPLY = "jdist_tune_reply"
 DEBUG_REPLY = "jdist_debug_reply"  # to a rank stopped at breakpoint(): {"seq", "line"}
+DAP_REQUEST = "jdist_dap_request"  # a DAP request for the rank's debugpy: its answer is the reply's "response"
 
 
 DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,
-                    TuneMessage, DebugMessage]
-_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug"}
+                    TuneMessage, DebugMessage, DapMessage]
+_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug", "dap"}
 
 
 def parse_message(payload: Any) -> DataMessage | None:

@@ -4,6 +4,9 @@ cluster with DDP; nothing is mocked."""
 
 from __future__ import annotations
 
+import queue
+import time
+
 import pytest
 from conftest import INTERRUPT, KernelSession, strip_ansi
 
@@ -106,3 +109,89 @@ def test_an_interrupt_during_a_pause_ends_the_cell_and_the_ranks_go_on(failed):
     failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nafter = float(t)")
     failed.run("%dist pull after")
     assert failed.value("after") == [2.0, 2.0]
+
+
+# -- JupyterLab's Debugger panel (the Jupyter debug protocol on the kernel's control channel, as the panel
+#    sends it; jdist.kernel.dapbridge passes a %%distributed cell's part on to debugpy on the ranks) -----------
+PANEL_CELL = """%%distributed --debug-ranks 1
+import torch, torch.distributed as dist
+seen = 40 + rank
+t = torch.ones(1) * seen
+dist.all_reduce(t)
+print("sum", float(t))
+"""
+
+
+class Panel:
+    """What JupyterLab's Debugger panel sends: ``debug_request`` on the control channel, ``debug_event`` on IOPub."""
+
+    def __init__(self, kernel: KernelSession):
+        self.kc = kernel.kc
+        self.seq = 0
+        self.events: list[dict] = []
+        self.iopub: list[dict] = []
+
+    def __call__(self, command: str, **arguments) -> dict:
+        self.seq += 1
+        msg = self.kc.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command,
+                                                    "arguments": arguments})
+        self.kc.control_channel.send(msg)
+        while True:
+            reply = self.kc.control_channel.get_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
+    def wait_event(self, name: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            self.iopub.append(msg)
+            if msg["msg_type"] == "debug_event":
+                self.events.append(msg["content"])
+                if msg["content"].get("event") == name:
+                    return msg["content"]
+        raise AssertionError(f"no {name} event within {timeout} s; events: {self.events}")
+
+
+def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_and_variables(failed):
+    panel = Panel(failed)
+    assert panel("initialize", clientID="jupyterlab", adapterID="python", pathFormat="path", linesStartAt1=True,
+                 columnsStartAt1=True, supportsVariableType=True)["success"]
+    assert panel("attach")["success"]
+    try:
+        path = panel("dumpCell", code=PANEL_CELL)["body"]["sourcePath"]
+        info = panel("debugInfo")["body"]
+        assert path.startswith(info["tmpFilePrefix"])  # the panel's own name for the cell
+        answer = panel("setBreakpoints", source={"path": path}, breakpoints=[{"line": 4}], sourceModified=False)
+        assert answer["success"] and answer["body"]["breakpoints"][0]["verified"], answer
+        assert panel("configurationDone")["success"]
+        assert {"source": path, "breakpoints": [{"line": 4}]} in panel("debugInfo")["body"]["breakpoints"]
+
+        msg_id = failed.start(PANEL_CELL)
+        stopped = panel.wait_event("stopped", timeout=120)["body"]
+        thread = stopped["threadId"]
+        assert thread >= 2 << 32  # rank 1's thread, renumbered for the panel
+        assert thread in panel("debugInfo")["body"]["stoppedThreads"]
+        time.sleep(3)  # longer than the 2 s hang watchdog: rank 0 waits in all_reduce, no HangError
+        frames = panel("stackTrace", threadId=thread)["body"]["stackFrames"]
+        assert (frames[0]["source"]["path"], frames[0]["line"]) == (path, 4), frames[:2]
+        scopes = panel("scopes", frameId=frames[0]["id"])["body"]["scopes"]
+        variables = panel("variables", variablesReference=scopes[0]["variablesReference"])["body"]["variables"]
+        values = {v["name"]: v["value"] for v in variables}
+        assert values["seen"] == "41" and values["rank"] == "1", values  # rank 1's own state
+        assert panel("evaluate", expression="seen * 2", frameId=frames[0]["id"], context="repl")["body"]["result"] == "82"
+        assert panel("continue", threadId=thread)["success"]
+        out = failed.collect(msg_id, timeout=120)
+        text = "".join(m["content"].get("text", "") for m in panel.iopub if m["msg_type"] == "stream") + out.stdout
+        assert not out.error, out.shown
+        assert "jdist: rank 1 stopped at a breakpoint (the Debugger panel shows its stack and variables). " \
+               "Rank(s) 0 go on until they need it" in text, text
+        assert "sum 81.0" in text  # the cell went on after the stop: 40 + 41
+        # a cell without breakpoints runs as before, with the panel open
+        out = failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(float(t))")
+        assert out.stdout.strip() == "2.0"
+    finally:
+        panel("disconnect", restart=False, terminateDebuggee=False)

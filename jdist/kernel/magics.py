@@ -117,7 +117,8 @@ class DistributedMagics(Magics):
             debug_ranks = list(range(cluster.config.n)) if debug_ranks is None else debug_ranks
             if max(debug_ranks) >= cluster.config.n:
                 raise usage_error(f"--debug-ranks: rank {max(debug_ranks)} does not exist (ranks 0-{cluster.config.n - 1}).")
-        result = run_cell(cluster, cell, opts, ranks=ranks, debug_ranks=debug_ranks)
+        raw = self.shell.history_manager.input_hist_raw
+        result = run_cell(cluster, cell, opts, ranks=ranks, debug_ranks=debug_ranks, raw=raw[-1] if raw else None)
         notes = []
         if result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")
@@ -303,8 +304,11 @@ def format_status(status: dict[str, Any]) -> str:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%%distributed`` and ``%dist``, and make ``jdist`` a name of the notebook."""
+    from . import dapbridge
+
     ipython.register_magics(DistributedMagics)
     ipython.user_ns.setdefault("jdist", sys.modules["jdist"])
+    dapbridge.install(ipython)  # JupyterLab's Debugger panel reaches the ranks of %%distributed cells
 
 
 __all__ = ["DistributedMagics", "format_stacks", "format_status", "load_ipython_extension",

@@ -52,9 +52,10 @@ class NullChannel:
         pass
 
 
-def on_control(msg_type: str, handle: Callable[[dict[str, Any]], None] | None) -> bool:
+def on_control(msg_type: str, handle: Callable[[dict[str, Any]], dict[str, Any] | None] | None) -> bool:
     """Call ``handle(content)`` on the engine's control thread for each ``msg_type`` message the kernel sends
-    (each is acknowledged as ``<msg_type>_ack``); ``handle`` None stops. False where this process is no engine."""
+    (each is acknowledged as ``<msg_type>_ack``, with what ``handle`` returned); ``handle`` None stops. False
+    where this process is no engine."""
     from IPython import get_ipython
 
     kernel = getattr(get_ipython(), "kernel", None)
@@ -65,8 +66,8 @@ def on_control(msg_type: str, handle: Callable[[dict[str, Any]], None] | None) -
         return True
 
     def receive(stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-        handle(parent["content"])
-        kernel.session.send(stream, msg_type + "_ack", {"status": "ok"}, parent, ident=ident)
+        answer = handle(parent["content"]) or {}
+        kernel.session.send(stream, msg_type + "_ack", {**answer, "status": "ok"}, parent, ident=ident)
 
     kernel.control_handlers[msg_type] = receive
     return True

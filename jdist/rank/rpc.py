@@ -167,3 +167,17 @@ def debug_arm(ranks: list[int] | None) -> None:
     from . import debug
 
     debug.arm(ranks is not None and session().ctx.rank in ranks)
+
+
+def dap_start() -> dict[str, Any]:
+    """Start debugpy on this rank for the notebook's Debugger panel (:func:`jdist.rank.dap.start`)."""
+    from . import dap
+
+    return dap.start()
+
+
+def dap_cell(path: str | None) -> None:
+    """Name the next cell's code ``path``, as the notebook's debugger names the cell (:func:`jdist.rank.dap.cell`)."""
+    from . import dap
+
+    dap.cell(path)

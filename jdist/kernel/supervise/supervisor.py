@@ -36,6 +36,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import DEBUG_REPLY, parse_message
 from jdist.stacks import summary
 
+from .. import dapbridge
 from .detectors import Detector, Release, Stop, default_detectors
 from .outcome import Observations, classify
 from .output import RankOutput
@@ -62,12 +63,14 @@ class CellSupervisor:
                  sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
                  poll_s: float = 0.05, *, run_code: str | None = None,
                  show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True,
-                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] | None = None):
+                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] | None = None,
+                 raw: str | None = None):
         """``run_code``: the code the run shows (default ``code``; ``jdist run``: the script);
         ``show``: how rank displays are shown (default: in the notebook); ``rebuild``: re-build a
         process group that a release broke (``jdist run`` ends instead); ``debug_ranks``: where
         ``breakpoint()`` stops; ``ask``: how a pdb prompt gets its line (default: ``input``, looked up when asked: the
-        notebook's input box)."""
+        notebook's input box); ``raw``: the notebook cell as typed (JupyterLab's Debugger panel names the cell
+        by it: :mod:`jdist.kernel.dapbridge`)."""
         self.cluster = cluster
         self.code = code
         targets = cluster.engine_ids(ranks)
@@ -86,6 +89,8 @@ class CellSupervisor:
         self.deadline: float | None = None
         self.debug_ranks = list(debug_ranks) if debug_ranks else []
         self.ask = ask
+        self.raw = raw
+        self.bridge: Any = None  # jdist.kernel.dapbridge.DapBridge, while the Debugger panel has breakpoints here
         self.paused: set[int] = set()
 
     @property
@@ -96,14 +101,22 @@ class CellSupervisor:
         t0 = time.perf_counter()
         if self.debug_ranks:
             self.cluster.call("debug_arm", self.debug_ranks)
+        code = self.code
+        bridge = dapbridge.current()
+        if bridge is not None and self.raw is not None:
+            padded = bridge.prepare(self.cluster, self.code, self.raw, self.ranks, self.debug_ranks)
+            if padded is not None:
+                self.bridge, code = bridge, padded
         try:
-            self.view = IppCellView(self.cluster.execute(self.code, self.ranks), self.ranks)
+            self.view = IppCellView(self.cluster.execute(code, self.ranks), self.ranks)
             self.view.attach(self.inbox)
             self.last_progress = time.monotonic()
             self._wait()
         finally:
             for rank in list(self.paused):  # interrupted or failed while paused: no longer paused
                 self.cluster.set_paused(rank, False)
+            if self.bridge is not None:
+                self.bridge.finish(self.cluster, self.ranks)
             if self.debug_ranks and not self.cluster.dead_ranks():
                 try:
                     self.cluster.call("debug_arm", None, timeout=10)
@@ -127,6 +140,8 @@ class CellSupervisor:
                     return
                 view.wait(self.poll_s)
                 now = time.monotonic()
+                if self.paused:  # a rank stopped in the debugger: the others wait for it, no hang
+                    self.last_progress = now
                 if self._pump():
                     self.last_progress = now
                 self.records.tick()
@@ -175,8 +190,35 @@ class CellSupervisor:
                 msg = parse_message(content)
                 if msg is not None and msg["kind"] == "debug":
                     self.debug_prompt(rank, msg)
+                elif msg is not None and msg["kind"] == "dap":
+                    self.debugger_event(rank, msg["event"])
                 elif msg is not None:
                     self.records.handle(rank, msg)
+
+    def debugger_event(self, rank: int, event: dict[str, Any]) -> None:
+        """Rank ``rank``'s debugpy stopped (at a breakpoint of the Debugger panel) or continued: the panel is
+        told, the rank shows as paused, and the first stop says what the other ranks do meanwhile."""
+        if self.bridge is None:
+            return
+        stopped = self.bridge.on_event(rank, event)
+        if stopped and rank not in self.paused:
+            self.paused.add(rank)
+            self.cluster.set_paused(rank, True)
+            self._say_paused(rank, "at a breakpoint (the Debugger panel shows its stack and variables)",
+                             "continue in the panel goes on")
+        elif not stopped and rank in self.paused:
+            self.paused.discard(rank)
+            self.cluster.set_paused(rank, False)
+
+    def _say_paused(self, rank: int, where: str, how: str) -> None:
+        others = [r for r in self.ranks if r != rank and r not in self.paused]
+        timeout = self.cluster.config.timeout
+        when = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
+        print(f"jdist: rank {rank} stopped {where}. "
+              + (f"Rank(s) {', '.join(map(str, others))} go on until they need it: in a collective their "
+                 f"process group gives up after --timeout {timeout:g} s (by {when} if they are there now). "
+                 if others else "")
+              + f"{how}, the interrupt stops the cell.", flush=True)
 
     def debug_prompt(self, rank: int, msg: dict[str, Any]) -> None:
         """Rank ``rank`` waits in pdb (``breakpoint()``): show what pdb wrote, ask for a line in the
@@ -189,14 +231,7 @@ class CellSupervisor:
         if rank not in self.paused:
             self.paused.add(rank)
             self.cluster.set_paused(rank, True)
-            others = [r for r in self.ranks if r != rank and r not in self.paused]
-            timeout = self.cluster.config.timeout
-            when = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
-            print(f"jdist: rank {rank} stopped at breakpoint(). "
-                  + (f"Rank(s) {', '.join(map(str, others))} go on until they need it: in a collective their "
-                     f"process group gives up after --timeout {timeout:g} s (by {when} if they are there now). "
-                     if others else "")
-                  + "c continues, q stops the cell on this rank, the interrupt stops the cell.")
+            self._say_paused(rank, "at breakpoint()", "c continues, q stops the cell on this rank")
         if text.strip():
             print(text.rstrip("\n"))
         try:
@@ -270,7 +305,7 @@ def released_where(cluster: ClusterSession) -> dict[str, Any] | None:
 
 
 def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Sequence[int] | None = None,
-             debug_ranks: Sequence[int] | None = None) -> CellResult:
+             debug_ranks: Sequence[int] | None = None, raw: str | None = None) -> CellResult:
     """Run ``code`` on ``ranks`` (default all) with this cell's options, streaming output and
     metrics until it ends.
 
@@ -279,13 +314,14 @@ def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Seque
     dashboard, run log, trackers). Faults are handled while it waits (see docs/reliability.md).
     A cell that finished and logged nothing is noted in ``cluster.recovery`` (``%dist restart``
     replays it with ``opts``). ``debug_ranks``: where ``breakpoint()`` stops, with a pdb prompt in the
-    notebook (:meth:`CellSupervisor.debug_prompt`). Returns a :class:`CellResult`; errors are not raised here
+    notebook (:meth:`CellSupervisor.debug_prompt`), and where the Debugger panel's breakpoints stop; ``raw``: the
+    cell as typed. Returns a :class:`CellResult`; errors are not raised here
     (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
     from ..sinks import default_sinks
 
     result = CellSupervisor(cluster, code, ranks, opts.output, lambda run: default_sinks(run, opts),
-                            debug_ranks=debug_ranks).run()
+                            debug_ranks=debug_ranks, raw=raw).run()
     if result.ok and result.run is None:
         cluster.recovery.note_cell(code, list(ranks) if ranks is not None else None, opts)
     return result
