@@ -6,8 +6,10 @@ Playwright; JupyterLab on 127.0.0.1 with a token, its own config/data/runtime/IP
 ``%%distributed -n 2`` training cell, and checks in the page that the sidebar shows the cluster
 with 2 busy ranks and the run with a growing sparkline, that the run view draws the dashboard's
 charts live, that Interrupt in the sidebar stops the training (the cell reports the interrupt,
-the ranks are idle again), that the notebook dashboard rendered, and that a ``jdist.tune`` sweep
-is listed in the sidebar while it runs and its view opens. Screenshots go to ``build/screenshots/``.
+the ranks are idle again), that the notebook dashboard rendered, that a ``jdist.tune`` sweep
+is listed in the sidebar while it runs and its view opens, and that JupyterLab's Debugger panel stops
+rank 1 of a ``%%distributed`` cell at a gutter breakpoint with its stack and variables. Screenshots go to
+``build/screenshots/``.
 """
 
 from __future__ import annotations
@@ -68,10 +70,17 @@ def quick(trial):
 
 SWEEP = "study = jdist.tune('quick', trials=8, metric='loss', name='lab-sweep')"
 
+DEBUGGED = """%%distributed --debug-ranks 1
+import torch.distributed as dist
+seen = 40 + rank
+t = torch.ones(1) * seen
+dist.all_reduce(t)
+print("sum", float(t))"""
+
 
 def _notebook() -> dict:
     cells = ["%load_ext jdist", SETUP, WARM, TRAIN, "print('after training:', jdist.last_run().status)", OBJECTIVE,
-             SWEEP]
+             SWEEP, DEBUGGED]
     return {
         "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
                    "source": src} for i, src in enumerate(cells)],
@@ -301,6 +310,40 @@ def _scenario(lab, page) -> None:
     assert page.locator(".jp-Notebook .jp-Cell").nth(6).locator(".jdist-sweep svg").count() >= 3  # the notebook's own
     settle(page)
     shot(page, "6-sweep-view.png")
+
+    # JupyterLab's Debugger panel on a %%distributed cell: a gutter breakpoint on line 4 stops rank 1 there
+    # (rank 0 waits in its all_reduce); the panel shows rank 1's stack and variables; continue ends the cell
+    page.locator(".lm-TabBar-tab", has_text="train.ipynb").first.click()
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
+    page.locator(".jp-DebuggerBugButton").click()
+    page.wait_for_selector(".jp-DebuggerBugButton[aria-pressed=true]", timeout=30_000)
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(7)
+    cell.scroll_into_view_if_needed()
+    cell.locator("div.cm-gutter.cm-breakpoint-gutter").wait_for(timeout=30_000)
+    line4 = cell.locator(".cm-line").nth(3).bounding_box()
+    gutter = cell.locator("div.cm-gutter.cm-breakpoint-gutter").bounding_box()
+    page.mouse.click(gutter["x"] + gutter["width"] / 2, line4["y"] + line4["height"] / 2)
+    page.wait_for_selector(".jp-DebuggerBreakpoint", timeout=20_000)  # listed in the panel's Breakpoints
+    page.evaluate("() => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = 7;"
+                  " window.jupyterapp.commands.execute('notebook:run-cell'); }")
+    frame = page.locator(".jp-DebuggerCallstackFrame").first
+    frame.wait_for(timeout=120_000)
+    variables = page.locator(".jp-DebuggerVariables")
+    variables.get_by_text("seen").first.wait_for(timeout=30_000)
+    page.wait_for_function("() => document.querySelectorAll('#jdist-sidebar .jp-jdist-cluster tr[data-state=paused]')"
+                           ".length === 1", timeout=30_000)  # the sidebar: rank 1 paused
+    assert "41" in variables.inner_text(), variables.inner_text()  # rank 1's own value: 40 + rank
+    assert cell.locator(".jp-DebuggerEditor-highlight, .cm-line.jp-DebuggerEditor-highlight").count() >= 1
+    variables.get_by_text("seen").first.scroll_into_view_if_needed()
+    settle(page)
+    shot(page, "7-debugger-panel.png")
+    page.evaluate("() => { window.jupyterapp.commands.execute('debugger:continue'); }")
+    cell.locator(".jp-OutputArea").get_by_text("sum 81.0").wait_for(timeout=60_000)
+    assert "HangError" not in cell.locator(".jp-OutputArea").inner_text()
+    page.locator(".jp-DebuggerBugButton").click()  # the panel off: the ranks forget the breakpoints
+    page.wait_for_selector(".jp-DebuggerBugButton[aria-pressed=false]", timeout=30_000)
 
     # our extension's code never throws; other code's errors (widgets being closed...) are only shown
     ours = [e for e in errors if "/extensions/jdist/" in e]

@@ -134,6 +134,8 @@ class DapBridge:
         if command == "setBreakpoints" and self._is_cell(arguments.get("source", {}).get("path", "")):
             return await self._set_breakpoints(message)
         rank = rank_of(arguments)
+        if rank is None and command == "continue":
+            message, rank = self._continue_which(message)
         if rank is not None:
             return await self._on_rank(rank, message)
         reply = await self.original(message)
@@ -149,6 +151,18 @@ class DapBridge:
         elif command == "disconnect":
             await self._disconnect()
         return reply
+
+    def _continue_which(self, message: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """JupyterLab's ``continue`` names the thread it has just forgotten (it asks for the next stopped thread,
+        else 1, after removing the current one): a thread the kernel's own debugpy has not stopped means the
+        rank thread that stopped last."""
+        thread = (message.get("arguments") or {}).get("threadId")
+        with self.lock:
+            ranks = list(self.stopped.items())
+        if not ranks or thread in getattr(self.debugger, "stopped_threads", ()):
+            return message, None
+        last, rank = ranks[-1]
+        return {**message, "arguments": {**message.get("arguments", {}), "threadId": last}}, rank
 
     def _is_cell(self, path: str) -> bool:
         with self.lock:
