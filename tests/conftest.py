@@ -210,6 +210,40 @@ class KernelSession:
         self.km.shutdown_kernel(now=False)
 
 
+class Panel:
+    """What JupyterLab's Debugger panel sends: ``debug_request`` on the control channel, ``debug_event`` on IOPub."""
+
+    def __init__(self, kernel: KernelSession):
+        self.kc = kernel.kc
+        self.seq = 0
+        self.events: list[dict] = []
+        self.iopub: list[dict] = []
+
+    def __call__(self, command: str, **arguments) -> dict:
+        self.seq += 1
+        msg = self.kc.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command,
+                                                    "arguments": arguments})
+        self.kc.control_channel.send(msg)
+        while True:
+            reply = self.kc.control_channel.get_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
+    def wait_event(self, name: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            self.iopub.append(msg)
+            if msg["msg_type"] == "debug_event":
+                self.events.append(msg["content"])
+                if msg["content"].get("event") == name:
+                    return msg["content"]
+        raise AssertionError(f"no {name} event within {timeout} s; events: {self.events}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Kernel connection files and jdist cluster state files go to a temporary runtime dir, not ~."""

@@ -4,11 +4,10 @@ cluster with DDP; nothing is mocked."""
 
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
-from conftest import INTERRUPT, KernelSession, strip_ansi
+from conftest import INTERRUPT, KernelSession, Panel, strip_ansi
 
 pytestmark = pytest.mark.cluster
 
@@ -122,40 +121,6 @@ print("sum", float(t))
 """
 
 
-class Panel:
-    """What JupyterLab's Debugger panel sends: ``debug_request`` on the control channel, ``debug_event`` on IOPub."""
-
-    def __init__(self, kernel: KernelSession):
-        self.kc = kernel.kc
-        self.seq = 0
-        self.events: list[dict] = []
-        self.iopub: list[dict] = []
-
-    def __call__(self, command: str, **arguments) -> dict:
-        self.seq += 1
-        msg = self.kc.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command,
-                                                    "arguments": arguments})
-        self.kc.control_channel.send(msg)
-        while True:
-            reply = self.kc.control_channel.get_msg(timeout=60)
-            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                return reply["content"]
-
-    def wait_event(self, name: str, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            self.iopub.append(msg)
-            if msg["msg_type"] == "debug_event":
-                self.events.append(msg["content"])
-                if msg["content"].get("event") == name:
-                    return msg["content"]
-        raise AssertionError(f"no {name} event within {timeout} s; events: {self.events}")
-
-
 def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_and_variables(failed):
     panel = Panel(failed)
     assert panel("initialize", clientID="jupyterlab", adapterID="python", pathFormat="path", linesStartAt1=True,
@@ -191,8 +156,10 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         assert "jdist: rank 1 stopped at a breakpoint (the Debugger panel shows its stack and variables). " \
                "Rank(s) 0 go on until they need it" in text, text
         assert "sum 81.0" in text  # the cell went on after the stop: 40 + 41
-        # a cell without breakpoints runs as before, with the panel open
-        out = failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(float(t))")
-        assert out.stdout.strip() == "2.0"
+        # a cell without breakpoints runs as before with the panel open, and untraced (debugpy's tracer slows
+        # every Python line): rank 1 traced only the cell that had breakpoints
+        out = failed.run("%%distributed --output all\nimport sys\nt = torch.ones(1); dist.all_reduce(t)\n"
+                         "print(float(t), sys.gettrace())")
+        assert sorted(out.stdout.strip().splitlines()) == ["[rank 0] 2.0 None", "[rank 1] 2.0 None"], out.stdout
     finally:
         panel("disconnect", restart=False, terminateDebuggee=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KernelSession, strip_ansi, wait_for
+from conftest import KernelSession, Panel, strip_ansi, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -307,7 +307,7 @@ def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
         elif m and name.startswith("python"):
             cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
             name = ("controller" if "ipyparallel.controller" in cmd else "rank" if "ipyparallel.engine" in cmd
-                    else cmd[:60])
+                    else "debugpy" if "/debugpy/" in cmd else cmd[:60])
         rows.append((parts[3], name))
     return rows
 
@@ -431,6 +431,29 @@ def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login)
     assert out.prompts == ["(Pdb r1) ", "(Pdb r1) "] and "'node2'" in strip_ansi(out.stdout), out.stdout
     login.run("%dist pull summed")
     assert login.value("summed") == [3.0, 3.0]
+    # JupyterLab's Debugger panel: a gutter breakpoint stops rank 1 on node2 (its debugpy listens on node2's
+    # loopback only; the panel's requests travel on the engine's control channel)
+    cell = "%%distributed --debug-ranks 1\nimport socket\nhere = socket.gethostname()\ndist.all_reduce(torch.ones(1))"
+    panel = Panel(login)
+    panel("initialize", clientID="jupyterlab", adapterID="python", pathFormat="path", linesStartAt1=True)
+    panel("attach")
+    try:
+        path = panel("dumpCell", code=cell)["body"]["sourcePath"]
+        panel("setBreakpoints", source={"path": path}, breakpoints=[{"line": 4}])
+        panel("configurationDone")
+        msg_id = login.start(cell)
+        thread = panel.wait_event("stopped", timeout=120)["body"]["threadId"]
+        frame = panel("stackTrace", threadId=thread)["body"]["stackFrames"][0]
+        assert (frame["source"]["path"], frame["line"]) == (path, 4), frame
+        assert panel("evaluate", expression="here", frameId=frame["id"], context="repl")["body"]["result"] == "'node2'"
+        wide = [(addr, name) for addr, name in listeners(bed, "node2")
+                if name not in NOT_JDIST and not addr.startswith(("198.18.0.2:", "127.0.0.1:", "[::1]:"))]
+        assert not wide, f"listeners on all interfaces or another address while debugpy runs: {wide}"
+        assert any(name == "debugpy" and addr.startswith("127.0.0.1:") for addr, name in listeners(bed, "node2"))
+        assert panel("continue", threadId=1)["success"]
+        assert not login.collect(msg_id, timeout=120).error
+    finally:
+        panel("disconnect", restart=False, terminateDebuggee=False)
     login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
     login.run("%dist stop")
 

@@ -66,6 +66,7 @@ class RankDebugger:
             "rules": [{"path": p, "include": False} for p in _hidden_paths()]}})
         self.request({"command": "configurationDone"})
         self._wait(attach)
+        debugpy.trace_this_thread(False)  # traced only while a cell with breakpoints runs (:func:`cell`)
 
     # -- requests -----------------------------------------------------------------------------
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -159,12 +160,18 @@ def _on_request(content: dict[str, Any]) -> dict[str, Any]:
 
 
 def cell(path: str | None) -> None:
-    """Name the code of the next cell ``path`` (the notebook cell's file in the kernel's debugger, written here
-    too if this host has no copy), or stop naming it (None)."""
+    """Name the code of the next cell ``path`` (the notebook cell's file in the kernel's debugger) and trace
+    the main thread for it; None: stop both. Called on the main thread (an ``apply``), before and after the
+    cell: debugpy's tracer slows Python lines (a pure-Python loop ran 2.5x slower under it, torch ops not at
+    all), so cells without breakpoints run untraced."""
+    import debugpy
+
     if path is None:
         os.environ.pop("IPYKERNEL_CELL_NAME", None)
-        return
-    os.environ["IPYKERNEL_CELL_NAME"] = path
+    else:
+        os.environ["IPYKERNEL_CELL_NAME"] = path
+    if _debugger is not None:
+        debugpy.trace_this_thread(path is not None)
 
 
 def write_source(path: str, code: str) -> None:
