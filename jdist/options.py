@@ -245,7 +245,8 @@ CELL_OPTIONS: tuple[Option, ...] = (
            "default), all (every rank, lines labelled by rank), none.", Scope.CELL, type=str,
            choices=("rank0", "all", "none"), default="rank0"),
     Option("debug_ranks", ("--debug-ranks",), "Ranks where breakpoint() / pdb.set_trace() stop this cell, with a pdb "
-           "prompt in the notebook (e.g. 1 or 0,2); elsewhere they do nothing.", Scope.CELL, type=str,
+           "prompt in the notebook (e.g. 1 or 0,2); elsewhere they do nothing. JupyterLab's Debugger panel stops "
+           "these ranks too (default: the cell's lowest rank).", Scope.CELL, type=str,
            metavar="RANKS"),
     Option("no_dashboard", ("--no-dashboard",), "Do not show the live dashboard for jdist.log metrics.", Scope.CELL,
            switch=True, default=False),

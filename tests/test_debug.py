@@ -4,6 +4,7 @@ cluster with DDP; nothing is mocked."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -148,6 +149,13 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         values = {v["name"]: v["value"] for v in variables}
         assert values["seen"] == "41" and values["rank"] == "1", values  # rank 1's own state
         assert panel("evaluate", expression="seen * 2", frameId=frames[0]["id"], context="repl")["body"]["result"] == "82"
+        assert not [f for f in frames if re.search(r"/(IPython|ipykernel|ipyparallel|jdist)/", f["source"].get("path", ""))]
+        # step over: rank 1 stops again on the next line, with the line's effect in its variables
+        assert panel("next", threadId=thread)["success"]
+        assert panel.wait_event("stopped")["body"]["threadId"] == thread
+        frames = panel("stackTrace", threadId=thread)["body"]["stackFrames"]
+        assert frames[0]["line"] == 5, [(f["name"], f["source"], f["line"]) for f in frames[:4]]
+        assert panel("evaluate", expression="float(t)", frameId=frames[0]["id"], context="repl")["body"]["result"] == "41.0"
         # JupyterLab's continue names the next stopped thread, else thread 1, after forgetting this one
         assert panel("continue", threadId=1)["success"]
         out = failed.collect(msg_id, timeout=120)

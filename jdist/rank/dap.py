@@ -200,7 +200,12 @@ def _hide_threads() -> None:
 
 
 def _hidden_paths() -> list[str]:
-    paths = []
+    """The engine's, jdist's and the standard library's code: never stopped in, stepped over. IPython runs each
+    statement of a cell as its own code object, so stepping over a line leaves the cell's frame through
+    IPython (and the standard library's ``contextlib``) to the next statement's."""
+    import sysconfig
+
+    paths = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
     for name in HIDDEN_PACKAGES:
         module = sys.modules.get(name)
         origin = getattr(module, "__file__", None)
