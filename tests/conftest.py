@@ -16,7 +16,7 @@ import queue
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -230,6 +230,12 @@ class Panel:
                 return reply["content"]
 
     def wait_event(self, name: str, timeout: float = 60) -> dict:
+        """The next ``debug_event`` called ``name`` on IOPub (every IOPub message read goes to ``iopub``)."""
+        msg = self.wait_iopub(lambda m: m["msg_type"] == "debug_event" and m["content"].get("event") == name,
+                              timeout, f"a {name} event")
+        return msg["content"]
+
+    def wait_iopub(self, matches: Callable[[dict], bool], timeout: float = 60, what: str = "the message") -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -239,9 +245,9 @@ class Panel:
             self.iopub.append(msg)
             if msg["msg_type"] == "debug_event":
                 self.events.append(msg["content"])
-                if msg["content"].get("event") == name:
-                    return msg["content"]
-        raise AssertionError(f"no {name} event within {timeout} s; events: {self.events}")
+            if matches(msg):
+                return msg
+        raise AssertionError(f"no {what} within {timeout} s; debug events: {self.events}")
 
 
 @pytest.fixture(scope="session", autouse=True)

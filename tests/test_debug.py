@@ -115,7 +115,7 @@ def test_an_interrupt_during_a_pause_ends_the_cell_and_the_ranks_go_on(failed):
 #    sends it; jdist.kernel.dapbridge passes a %%distributed cell's part on to debugpy on the ranks) -----------
 PANEL_CELL = """%%distributed --debug-ranks 1
 import torch, torch.distributed as dist
-seen = 40 + rank
+seen = 40 + rank; jdist.log(step=0, seen=float(seen))
 t = torch.ones(1) * seen
 dist.all_reduce(t)
 print("sum", float(t))
@@ -141,6 +141,9 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         thread = stopped["threadId"]
         assert thread >= 2 << 32  # rank 1's thread, renumbered for the panel
         assert thread in panel("debugInfo")["body"]["stoppedThreads"]
+        # the cell's live dashboard says so in its progress line
+        panel.wait_iopub(lambda m: m["msg_type"] == "comm_msg" and "rank 1 paused in the debugger" in str(m["content"]),
+                         30, "the dashboard's header with rank 1 paused")
         time.sleep(3)  # longer than the 2 s hang watchdog: rank 0 waits in all_reduce, no HangError
         frames = panel("stackTrace", threadId=thread)["body"]["stackFrames"]
         assert (frames[0]["source"]["path"], frames[0]["line"]) == (path, 4), frames[:2]

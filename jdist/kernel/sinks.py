@@ -125,6 +125,11 @@ class DashboardSink:
     def tick(self) -> None:
         self.board.update()
 
+    def paused(self, ranks: list[int]) -> None:
+        """Ranks stopped in a debugger now: the header says so (:meth:`RecordCollector.paused`)."""
+        self.board.paused = sorted(ranks)
+        self.board.update(force=True)
+
     def finish(self, run: Run) -> None:
         self.board.finish()
 

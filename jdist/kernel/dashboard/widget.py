@@ -117,6 +117,7 @@ class Dashboard:
         self._last_redraw = -math.inf
         self._handle: Any = None
         self._finished = False
+        self.paused: list[int] = []  # ranks stopped in a debugger now (the progress line says so)
         _, live_class = _classes()
         self._widget = live_class(uid=uuid.uuid4().hex, lib=charts_lib().key)
 
@@ -229,6 +230,8 @@ class Dashboard:
             else:
                 tail = f"ETA {_mmss(eta)}"
             progress = f"step {done} / {run.total_steps}, {tail}"
+        if self.paused and run.status == "running":
+            progress += f"; rank {', '.join(map(str, self.paused))} paused in the debugger"
         return DashboardHead(
             title=f"run {run.run_id} · {run.world_size} ranks · {run.backend or 'no backend'} on {run.device_kind}",
             status=run.status, problem=error_lines[-1] if error_lines else None, done=done,

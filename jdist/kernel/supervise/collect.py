@@ -37,6 +37,7 @@ class RecordCollector:
         self.cells: dict[int, int] = {}  # rank -> cell id on the rank
         self.done: dict[int, int] = {}  # rank -> record count reported at cell end
         self.seqs: dict[int, set[int]] = {}
+        self.paused_ranks: list[int] = []
 
     def ensure_run(self) -> Run:
         """The cell's run, created (and its sinks started) on first use."""
@@ -53,6 +54,8 @@ class RecordCollector:
             self.sinks = self.make_sinks(self.run)
             for sink in self.sinks:
                 sink.start(self.run)
+            if self.paused_ranks:
+                self.paused(self.paused_ranks)
         return self.run
 
     def handle(self, rank: int, msg: DataMessage) -> None:
@@ -79,6 +82,15 @@ class RecordCollector:
         new = run.add(records)
         for sink in self.sinks:
             sink.add(new)
+
+    def paused(self, ranks: list[int]) -> None:
+        """The ranks stopped in a debugger now (pdb or the Debugger panel): to the sinks that show it (the
+        dashboard's header; sinks started later get them too)."""
+        self.paused_ranks = list(ranks)
+        for sink in self.sinks:
+            show = getattr(sink, "paused", None)
+            if show is not None:
+                show(ranks)
 
     def tick(self) -> None:
         for sink in self.sinks:

@@ -202,13 +202,20 @@ class CellSupervisor:
             return
         stopped = self.bridge.on_event(rank, event)
         if stopped and rank not in self.paused:
-            self.paused.add(rank)
-            self.cluster.set_paused(rank, True)
+            self._pause(rank, True)
             self._say_paused(rank, "at a breakpoint (the Debugger panel shows its stack and variables)",
                              "continue in the panel goes on")
         elif not stopped and rank in self.paused:
+            self._pause(rank, False)
+
+    def _pause(self, rank: int, paused: bool) -> None:
+        """Rank ``rank`` stopped in a debugger (or went on): the sidebar and the dashboard's header show it."""
+        if paused:
+            self.paused.add(rank)
+        else:
             self.paused.discard(rank)
-            self.cluster.set_paused(rank, False)
+        self.cluster.set_paused(rank, paused)
+        self.records.paused(sorted(self.paused))
 
     def _say_paused(self, rank: int, where: str, how: str) -> None:
         others = [r for r in self.ranks if r != rank and r not in self.paused]
@@ -229,8 +236,7 @@ class CellSupervisor:
             self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": "q"})
             return
         if rank not in self.paused:
-            self.paused.add(rank)
-            self.cluster.set_paused(rank, True)
+            self._pause(rank, True)
             self._say_paused(rank, "at breakpoint()", "c continues, q stops the cell on this rank")
         if text.strip():
             print(text.rstrip("\n"))
@@ -241,8 +247,7 @@ class CellSupervisor:
             line = "c"
         self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": line})
         if line.strip() in ("c", "cont", "continue", "q", "quit", "exit"):
-            self.paused.discard(rank)
-            self.cluster.set_paused(rank, False)
+            self._pause(rank, False)
         self.last_progress = time.monotonic()
 
     # -- DRAINING ----------------------------------------------------------------------------
