@@ -172,5 +172,15 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         out = failed.run("%%distributed --output all\nimport sys\nt = torch.ones(1); dist.all_reduce(t)\n"
                          "print(float(t), sys.gettrace())")
         assert sorted(out.stdout.strip().splitlines()) == ["[rank 0] 2.0 None", "[rank 1] 2.0 None"], out.stdout
+        # a rank that cannot run debugpy: one line, and the cell runs without stopping
+        failed.run("%%distributed --targets 0\nimport sys\n_debugpy, sys.modules['debugpy'] = sys.modules['debugpy'], None")
+        cell = "%%distributed --debug-ranks 0\nafter = 1\nafter += 1"
+        path = panel("dumpCell", code=cell)["body"]["sourcePath"]
+        panel("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3}])
+        out = failed.run(cell)
+        assert "jdist: the Debugger panel cannot stop rank(s) 0: ModuleNotFoundError: import of debugpy halted" \
+            in out.stdout and "(pip install debugpy into the ranks' Python)" in out.stdout, out.stdout
+        assert "This cell runs without its breakpoints" in out.stdout and not out.error
+        failed.run("%%distributed --targets 0\nsys.modules['debugpy'] = _debugpy")
     finally:
         panel("disconnect", restart=False, terminateDebuggee=False)

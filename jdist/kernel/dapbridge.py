@@ -27,6 +27,7 @@ import copy
 import threading
 from typing import Any, Callable, Sequence
 
+from jdist.errors import remote_errors
 from jdist.protocol import DAP_REQUEST
 
 #: Ids of a rank's threads, frames and variables in the panel: (rank + 1) * SHIFT + the rank's own id.
@@ -287,7 +288,17 @@ class DapBridge:
         if new:
             print(f"jdist: starting the debugger on rank(s) {', '.join(map(str, new))} for the Debugger panel...",
                   flush=True)
-            for rank, answer in zip(new, cluster.call("dap_start", ranks=new, timeout=60)):
+            try:
+                answers = cluster.call("dap_start", ranks=new, timeout=60)
+            except Exception as exc:  # e.g. no debugpy where the ranks run: the cell runs, unstopped
+                why = remote_errors(exc)
+                missing = ("ModuleNotFoundError" in why or "ImportError" in why) and "debugpy" in why
+                fix = " (pip install debugpy into the ranks' Python)" if missing else ""
+                print(f"jdist: the Debugger panel cannot stop rank(s) {', '.join(map(str, new))}: {why}{fix}. This "
+                      "cell runs without its breakpoints; breakpoint() with --debug-ranks and %dist debug still work.",
+                      flush=True)
+                return None
+            for rank, answer in zip(new, answers):
                 self.started[rank] = answer["pid"]
         with self.lock:
             self.running = (path, chosen)
