@@ -65,6 +65,7 @@ bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 	$(BIN)/python benchmarks/bench_cli.py --repeats 5
 	$(BIN)/python benchmarks/bench_tune.py --repeats 3
+	$(BIN)/python benchmarks/bench_debug.py
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"
