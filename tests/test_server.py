@@ -67,9 +67,11 @@ def session(server):
     kernel = ServerKernel(server, sess["kernel"]["id"])
     kernel.run("%load_ext jdist")
     kernel.run("%%distributed -n 2 --timeout 30\nimport torch", timeout=240)
+    kernel.killed = False
     yield kernel
-    try:  # the last test kills this kernel (the server restarts it): nothing may be left to stop
-        kernel.run("%dist stop", timeout=30, allow_error=True)
+    try:
+        if not kernel.killed:  # else the server is restarting it: a cell would wait for it (30 s)
+            kernel.run("%dist stop", timeout=30, allow_error=True)
     except Exception:
         pass
     kernel.shutdown()
@@ -351,6 +353,7 @@ def test_killed_kernel_disappears_and_its_run_is_lost(server, session):
     run = wait_for(lambda: next((r for r in runs(server) if r["status"] == "running" and r["records"] > 4), None),
                    what="a running run")
     os.kill(c["kernel_pid"], signal.SIGKILL)
+    session.killed = True  # nothing is left to stop in it
     wait_for(lambda: all(x["cluster_id"] != c["cluster_id"] for x in clusters(server)), timeout=60,
              what="the dead kernel's cluster to disappear")
     wait_for(lambda: not (clusters_dir(server.dirs["runtime"]) / f"{c['cluster_id']}.json").exists(),
