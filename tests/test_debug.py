@@ -166,6 +166,7 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         assert not out.error, out.shown
         assert "jdist: rank 1 stopped at a breakpoint (the Debugger panel shows its stack and variables). " \
                "Rank(s) 0 go on until they need it" in text, text
+        assert text.count("jdist: rank 1 stopped") == 1, text  # not again at the step
         assert "sum 81.0" in text  # the cell went on after the stop: 40 + 41
         # a cell without breakpoints runs as before with the panel open, and untraced (debugpy's tracer slows
         # every Python line): rank 1 traced only the cell that had breakpoints

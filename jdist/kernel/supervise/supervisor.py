@@ -92,6 +92,7 @@ class CellSupervisor:
         self.raw = raw
         self.bridge: Any = None  # jdist.kernel.dapbridge.DapBridge, while the Debugger panel has breakpoints here
         self.paused: set[int] = set()
+        self.told: set[int] = set()  # ranks whose stop in the Debugger panel the notebook was told of
 
     @property
     def releasing(self) -> bool:
@@ -203,8 +204,10 @@ class CellSupervisor:
         stopped = self.bridge.on_event(rank, event)
         if stopped and rank not in self.paused:
             self._pause(rank, True)
-            self._say_paused(rank, "at a breakpoint (the Debugger panel shows its stack and variables)",
-                             "continue in the panel goes on")
+            if rank not in self.told:  # once per cell: each step stops the rank again
+                self.told.add(rank)
+                self._say_paused(rank, "at a breakpoint (the Debugger panel shows its stack and variables)",
+                                 "continue in the panel goes on")
         elif not stopped and rank in self.paused:
             self._pause(rank, False)
 
