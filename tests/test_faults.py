@@ -90,6 +90,18 @@ def test_mismatched_collective_is_a_hang_with_each_ranks_line(faults):
     _group_works(faults)
 
 
+def test_a_hang_in_a_group_made_with_new_group_is_released_too(faults):
+    # DeepSpeed's groups, new_subgroups, the user's own: their sockets are the guard's too
+    out = faults.run("%%distributed --watchdog 3\npair = dist.new_group([0, 1])\nx = torch.ones(1)\n"
+                     "if rank == 0:\n    dist.all_reduce(x, group=pair)", allow_error=True, timeout=100)
+    faults.run("%%distributed --watchdog 30\npass")
+    assert out.error["ename"] == "HangError", out.shown
+    tb = out.traceback
+    assert "rank 0: waiting in all_reduce (cell line 4)" in tb, tb
+    assert "did not stop" not in tb and "stuck" not in tb, tb  # released at once, not after the group's timeout
+    _group_works(faults)
+
+
 def test_watchdog_leaves_long_computations_alone(faults):
     # rank 1 computes (no collective) for longer than the watchdog while rank 0 waits: not a hang
     out = faults.run("%%distributed --watchdog 1\nif rank == 1:\n    time.sleep(3)\ndist.barrier()\nprint('done')",

@@ -66,7 +66,9 @@ class Guard:
         #: Called from the guard's thread on SIGTERM (also while the main thread is blocked in C++).
         self.on_terminate: Callable[[], None] | None = None
         self.marker: Callable[[], str | None] | None = None  # the backend's collectives_started
-        self.group_fds: set[int] = set()  # connected sockets of the process group
+        #: connected sockets of the process groups: fd -> (local address, peer address), so that a number
+        #: reused by another socket after a group ended is not taken for the group's
+        self.group_fds: dict[int, tuple[Any, Any]] = {}
         self.group_ports: set[int] = set()  # its listening ports (accepted pairs use them)
         self.broken: str | None = None  # why this rank broke the group's connections (None: intact)
         self.released_from: str | None = None  # where the main thread waited when it was released
@@ -94,9 +96,11 @@ class Guard:
             self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
         _watch_signals()
 
-    def note_group_sockets(self, before: set[int]) -> None:
-        """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it)."""
-        self.group_fds, self.group_ports = set(), set()
+    def note_group_sockets(self, before: set[int], more: bool = False) -> None:
+        """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it): the
+        default group's (``more``: another group's, kept beside them)."""
+        if not more:
+            self.group_fds, self.group_ports = {}, set()
         for fd in socket_fds() - before:
             with _borrow(fd) as sock:
                 if sock is None:
@@ -104,8 +108,12 @@ class Guard:
                 if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     self.group_ports.add(sock.getsockname()[1])
                 else:
-                    self.group_fds.add(fd)
-        self.broken = self.released_from = None
+                    try:
+                        self.group_fds[fd] = (sock.getsockname(), sock.getpeername())
+                    except OSError:  # not connected (any more)
+                        pass
+        if not more:
+            self.broken = self.released_from = None
 
     def write_sample(self) -> None:
         """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename), or
@@ -145,7 +153,8 @@ class Guard:
         return waiting
 
     def break_group(self, why: str) -> None:
-        """Make every pending and future collective of the default group fail on all ranks."""
+        """Make every pending and future collective of the process groups fail on all ranks: the default
+        group and (gloo) the user's groups made with ``new_group`` (:func:`jdist.rank.torchrun.new_group`)."""
         import torch.distributed as dist
 
         self.broken = why
@@ -157,7 +166,9 @@ class Guard:
                 if sock is None or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     continue  # never the listener: gloo's accept thread would abort the process
                 try:
-                    mine = fd in self.group_fds or sock.getsockname()[1] in self.group_ports
+                    here = sock.getsockname()
+                    mine = (self.group_fds.get(fd) == (here, sock.getpeername())
+                            or here[1] in self.group_ports)
                 except OSError:
                     continue
                 if mine:

@@ -167,9 +167,30 @@ def _patch() -> None:
     if not _REAL:
         _REAL["init_process_group"] = c10d.init_process_group
         _REAL["destroy_process_group"] = c10d.destroy_process_group
+        _REAL["new_group"] = c10d.new_group
     for module in (dist, c10d):
         module.init_process_group = init_process_group  # type: ignore[assignment]
         module.destroy_process_group = destroy_process_group  # type: ignore[assignment]
+        module.new_group = new_group  # type: ignore[assignment]
+
+
+def new_group(*args: Any, **kwargs: Any) -> Any:
+    """``torch.distributed.new_group`` on a jdist rank: torch's, and the sockets the group opens are noted by
+    the rank's guard, so an interrupt or a hang releases a collective waiting in it too (the user's groups,
+    ``new_subgroups``). Not DeepSpeed's: it keeps its groups for the next engine, which then hung in its first
+    broadcast on a released one (docs/reliability.md, Limits)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from .guard import socket_fds
+    from .session import current
+
+    caller = sys._getframe(1).f_code.co_filename
+    before = socket_fds()
+    group = _REAL.get("new_group", c10d.new_group)(*args, **kwargs)
+    s = current()
+    if s is not None and s.guard is not None and f"{os.sep}deepspeed{os.sep}" not in caller:
+        s.guard.note_group_sockets(before, more=True)
+    return group
 
 
 def real_init_process_group(*args: Any, **kwargs: Any) -> Any:
