@@ -183,5 +183,14 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
             in out.stdout and "(pip install debugpy into the ranks' Python)" in out.stdout, out.stdout
         assert "This cell runs without its breakpoints" in out.stdout and not out.error
         failed.run("%%distributed --targets 0\nsys.modules['debugpy'] = _debugpy")
+        # the notebook's interrupt while rank 1 is stopped in the panel ends the cell; the ranks go on
+        msg_id = failed.start(PANEL_CELL)
+        panel.wait_event("stopped", timeout=120)
+        failed.km.interrupt_kernel()
+        out = failed.collect(msg_id, timeout=60)
+        assert out.error and out.error["ename"] == "KeyboardInterrupt", out.shown
+        assert "Interrupted: every rank received SIGINT and stopped" in out.stderr, out.stderr
+        out = failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(float(t))")
+        assert out.stdout.strip() == "2.0"
     finally:
         panel("disconnect", restart=False, terminateDebuggee=False)
