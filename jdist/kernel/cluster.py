@@ -407,12 +407,17 @@ class ClusterSession:
         self._require()._send_control_request(targets=[self.engine_ids([rank])[0]], msg_type=msg_type,
                                               content=content, block=False)
 
-    def interrupt(self, ranks: Sequence[int] | None = None) -> None:
+    def interrupt(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
         """Send SIGINT to the rank processes through the controller (KeyboardInterrupt in their code);
-        ``ranks`` None: all, empty: none."""
+        ``ranks`` None: all, empty: none. Waits at most ``timeout`` s for the engines to confirm: the
+        caller's grace period then names the ranks that did not stop, rather than waiting forever."""
         if ranks is not None and not list(ranks):
             return
-        self._require().send_signal(signal.SIGINT, targets=self.engine_ids(ranks), block=True)
+        sent = self._require().send_signal(signal.SIGINT, targets=self.engine_ids(ranks), block=False)
+        try:
+            sent.result(timeout)
+        except TimeoutError:
+            pass
 
     def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
         """The value of ``name`` from each rank's namespace, in rank order."""
