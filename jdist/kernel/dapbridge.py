@@ -107,7 +107,7 @@ class DapBridge:
         self.lock = threading.Lock()
         self.cells: dict[str, str] = {}  # path -> source of a dumped %%distributed cell
         self.breakpoints: dict[str, list[dict[str, Any]]] = {}  # path -> the panel's breakpoints in it
-        self.started: dict[int, Any] = {}  # rank -> its debugpy's process id (this cluster)
+        self.started: set[int] = set()  # ranks running debugpy (this cluster)
         self.cluster: Any = None
         self.cluster_key: Any = None  # (the session, its ipyparallel cluster id): new ranks at every start
         self.armed: dict[int, set[str]] = {}  # rank -> the cells whose breakpoints it has now
@@ -282,14 +282,14 @@ class DapBridge:
             return None
         path = paths[0]
         if (cluster, cluster.cluster_id) != self.cluster_key:  # a new cluster: its ranks have no debugpy yet
-            self.cluster, self.cluster_key, self.started, self.armed = cluster, (cluster, cluster.cluster_id), {}, {}
+            self.cluster, self.cluster_key, self.started, self.armed = cluster, (cluster, cluster.cluster_id), set(), {}
         chosen = list(debug_ranks) if debug_ranks else [min(ranks)]
         new = [r for r in chosen if r not in self.started]
         if new:
             print(f"jdist: starting the debugger on rank(s) {', '.join(map(str, new))} for the Debugger panel...",
                   flush=True)
             try:
-                answers = cluster.call("dap_start", ranks=new, timeout=60)
+                cluster.call("dap_start", ranks=new, timeout=60)
             except Exception as exc:  # e.g. no debugpy where the ranks run: the cell runs, unstopped
                 why = remote_errors(exc)
                 missing = ("ModuleNotFoundError" in why or "ImportError" in why) and "debugpy" in why
@@ -298,8 +298,7 @@ class DapBridge:
                       "cell runs without its breakpoints; breakpoint() with --debug-ranks and %dist debug still work.",
                       flush=True)
                 return None
-            for rank, answer in zip(new, answers):
-                self.started[rank] = answer["pid"]
+            self.started.update(new)
         with self.lock:
             self.running = (path, chosen)
             stale = [(r, p) for r, paths in self.armed.items() if r not in chosen for p in paths]
