@@ -24,7 +24,7 @@ Public names, all flat on ``jdist``:
   :class:`LightningCallback`, :class:`AccelerateTracker` (docs/frameworks.md); under
   ``--backend deepspeed``: :func:`deepspeed_config`, :func:`hf_deepspeed_config` (docs/backends.md);
 * in the notebook kernel: :func:`last_run` (the most recent run, ``.history`` as a DataFrame),
-  :func:`runs`, and ``%load_ext jdist``;
+  :func:`runs`, :func:`run_memory` (how much memory runs may hold), and ``%load_ext jdist``;
 * anywhere: :class:`Run`, :func:`read_run`, :data:`AUTO_METRICS`.
 
 Names are resolved on first use: ``import jdist`` loads neither the rank runtime (torch) in the
@@ -67,6 +67,7 @@ _LAZY = {
     "load_ipython_extension": "jdist.kernel.magics",  # %load_ext jdist
     "last_run": "jdist.kernel.sinks",
     "runs": "jdist.kernel.sinks",
+    "run_memory": "jdist.kernel.sinks",
     "tune": "jdist.kernel.tune",
     "last_sweep": "jdist.kernel.tune",
     # anywhere

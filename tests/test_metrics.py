@@ -7,7 +7,10 @@ import math
 
 import pytest
 
-from jdist.metrics import AUTO_METRICS, Run, RunLog, list_runs, missing_seqs, read_run
+import pandas as pd
+
+from jdist.metrics import AUTO_METRICS, Run, RunLog, RunReader, list_runs, missing_seqs, read_run
+from jdist.metrics.store import RecordBatch
 
 
 def rec(rank, seq, step, **kw):
@@ -29,6 +32,15 @@ def test_add_drops_duplicates_arriving_out_of_order():
     assert [r["seq"] for r in run.add([rec(0, s, s) for s in (6, 3, 6)])] == [6]
     assert run.add([{**rec(0, 0, 0), "cell": 2}]) != []  # another cell numbers from 0 again
     assert run.count() == 8
+
+
+def test_a_batch_of_several_ranks_drops_each_ranks_duplicates():
+    # the kernel adds what arrived in one poll as one batch, whichever ranks sent it
+    run = Run("r", 2)
+    run.add([rec(0, 0, 0), rec(1, 0, 0), rec(0, 1, 1), rec(1, 1, 1)])
+    new = run.add([rec(1, 1, 1), rec(0, 2, 2), rec(1, 3, 3), rec(0, 1, 1), rec(1, 2, 2)])
+    assert [(r["rank"], r["seq"]) for r in new] == [(0, 2), (1, 3), (1, 2)]
+    assert run.missing_seqs(1, 1, 6) == [4, 5] and run.missing_seqs(0, 1, 3) == [] and run.count() == 7
 
 
 def test_aggregate_mean_min_max_per_step():
@@ -89,14 +101,57 @@ def test_run_log_round_trip(tmp_path):
     assert list_runs(tmp_path) == [tmp_path / run.run_id]
 
 
-def test_read_run_skips_a_line_still_being_written(tmp_path):
+def test_read_run_skips_a_frame_still_being_written(tmp_path):
     run = Run("r2", 1)
     log = RunLog(run, tmp_path)
     log.append([rec(0, 0, 0, loss=1.0)])
-    with open(tmp_path / "r2" / "metrics.jsonl", "a") as fh:
-        fh.write('{"rank": 0, "se')  # a writer mid-line
-    assert read_run(tmp_path / "r2").count() == 1
+    frame = RecordBatch.from_records([rec(0, 1, 1, loss=0.5)]).encode()
+    reader = RunReader(tmp_path / "r2")
+    with open(tmp_path / "r2" / "metrics.jdc", "ab") as fh:
+        for cut in (3, 9, len(frame) - 1):  # a writer mid-frame: in the header's length, the header, a column
+            fh.write(frame[:cut])
+            fh.flush()
+            assert reader.update().count() == 1
+            fh.truncate(fh.tell() - cut)
+            fh.seek(0, 2)
+        fh.write(frame)
+    assert reader.update().aggregate("loss") == ([0, 1], [1.0, 0.5], [1.0, 0.5], [1.0, 0.5])
     log.close()
+
+
+def test_runs_of_earlier_versions_and_other_launchers_are_read_from_json_lines(tmp_path):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps(Run("old", 2, status="finished").meta()))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(rec(r, 0, 0, loss=1.0 + r)) + "\n" for r in (0, 1))
+                                          + '{"rank": 0, "se')
+    run = read_run(folder)
+    assert run.status == "finished" and run.aggregate("loss") == ([0], [1.5], [1.0], [2.0])
+
+
+def test_history_round_trips_through_the_run_log_with_its_types(tmp_path):
+    run = Run("typed", 2)
+    log = RunLog(run, tmp_path)
+    log.append(run.add([rec(r, s, s, loss=0.1 * s + r, mem_bytes=2**30 + s, note="warm" if s == 0 else None)
+                        for s in range(3) for r in (0, 1)]))
+    log.append(run.add([rec(0, 3, None, loss=9.0)]))  # without a step: kept beside the grid
+    log.close()
+    back = read_run(tmp_path / "typed")
+    pd.testing.assert_frame_equal(back.history, run.history)
+    h = run.history
+    assert h["step"].dtype == "float64" and h["mem_bytes"].dtype == "float64"  # a row without a step
+    assert h["note"].tolist()[:3] == ["warm", None, None] and h.query("step != step")["loss"].tolist() == [9.0]
+    assert read_run(tmp_path / "typed").history.query("step == step")["mem_bytes"].tolist() == [
+        2**30, 2**30 + 1, 2**30 + 2, 2**30, 2**30 + 1, 2**30 + 2]
+
+
+def test_a_rank_logging_a_step_twice_gives_one_row_with_the_latest_values():
+    run = Run("twice", 1)
+    run.add([rec(0, 0, 5, loss=1.0, step_time_s=0.5), rec(0, 1, 5, val_loss=2.0, step_time_s=0.01)])
+    run.add([rec(0, 2, 5, loss=3.0)])
+    h = run.history
+    assert len(h) == 1 and h[["loss", "val_loss", "step_time_s"]].values.tolist() == [[3.0, 2.0, 0.01]]
+    assert run.count() == 3
 
 
 def test_summary_mentions_metrics_and_status():

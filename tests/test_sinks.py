@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import sys
 
+import pandas as pd
+import pytest
+
 import jdist
 from jdist.kernel import sinks
-from jdist.metrics import Run, read_run
+from jdist.metrics import Run, budget, read_run
 from jdist.plugins import option_table, sink_specs
 
 
@@ -16,24 +19,44 @@ def cell(**given):
     return option_table().cell_options(given)
 
 
-def test_the_kernel_keeps_a_bounded_number_of_runs_in_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(sinks, "_runs", type(sinks._runs)(maxlen=sinks.MAX_RUNS_IN_MEMORY))
-    for i in range(sinks.MAX_RUNS_IN_MEMORY + 5):
-        run = Run(f"r{i:02d}", 1)
+def test_older_runs_leave_memory_under_the_budget_and_come_back_from_disk_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setattr(sinks, "_runs", type(sinks._runs)(maxlen=sinks.MAX_RUNS_LISTED))
+    monkeypatch.setattr(budget, "BUDGET", budget.RunBudget(max_bytes=2**30, keep=3))
+    histories = {}
+    for i in range(8):
+        run = Run(f"r{i:02d}", 2)
         made = sinks.default_sinks(run, cell(no_dashboard=True, run_dir=str(tmp_path)))
         for sink in made:
             sink.start(run)
-        new = run.add([{"rank": 0, "cell": 1, "seq": 0, "step": 0, "loss": float(i)}])
-        for sink in made:
-            sink.add(new)
+        for start in range(0, 300, 50):  # batches as they arrive: both ranks, 50 steps each
+            new = run.add([{"rank": r, "cell": 1, "seq": s, "step": s, "time": 1e9 + s, "loss": i + s / 7 + r,
+                            "mem_bytes": 2**20 * (r + 1)} for r in (0, 1) for s in range(start, start + 50)])
+            for sink in made:
+                sink.add(new)
+        histories[run.run_id] = run.history
         run.status = "finished"
         for sink in made:
             sink.finish(run)
-    kept = [r.run_id for r in jdist.runs()]
-    assert kept == [f"r{i:02d}" for i in range(5, 15)] and jdist.last_run().run_id == "r14"
-    # every run is still on disk
-    assert read_run(tmp_path / "r00").aggregate("loss") == ([0], [0.0], [0.0], [0.0])
-    assert len(list(tmp_path.iterdir())) == 15
+    listed = jdist.runs()
+    assert [r.run_id for r in listed] == [f"r{i:02d}" for i in range(8)] and jdist.last_run().run_id == "r07"
+    assert [r.run_id for r in listed if not r.released] == ["r05", "r06", "r07"]  # keep=3, the newest
+    assert all(r.nbytes == 0 for r in listed[:5]) and listed[0].count() == 600
+    first = listed[0]
+    pd.testing.assert_frame_equal(first.history, histories["r00"])  # read back from its folder
+    assert not first.released and first.aggregate("loss")[0][-1] == 299
+    # r00 is now the most recently used: the least recently used of the others left memory instead
+    assert [r.run_id for r in listed if not r.released] == ["r00", "r06", "r07"]
+    budget.configure(max_mb=first.nbytes * 1.5 / 2**20)  # room for one run: the most recently used
+    assert [r.run_id for r in listed if not r.released] == ["r00"]
+    pd.testing.assert_frame_equal(listed[6].history, histories["r06"])
+    assert [r.run_id for r in listed if not r.released] == ["r06"]
+
+
+def test_run_memory_refuses_a_budget_that_cannot_hold_anything():
+    with pytest.raises(ValueError, match="max_mb must be > 0"):
+        jdist.run_memory(max_mb=0)
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        jdist.run_memory(keep=0)
 
 
 def test_a_cells_options_choose_its_sinks(tmp_path):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from jdist.metrics.store import read_frames
+
 TRAIN = """
 torch.manual_seed(rank)                      # different data per rank
 model = jdist.prepare(nn.Linear(8, 1))
@@ -88,8 +90,8 @@ def test_run_log_written_to_disk(trained, kernel_env):
     assert path.parent == Path(kernel_env["JDIST_RUN_DIR"])
     meta = json.loads((path / "meta.json").read_text())
     assert meta["status"] == "finished" and meta["world_size"] == 2 and meta["records"] == 120
-    lines = (path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 120 and json.loads(lines[0])["loss"] > 0
+    batches, _ = read_frames(path / "metrics.jdc")
+    assert sum(len(b) for b in batches) == 120 and batches[0][0]["loss"] > 0
 
 
 # Transport loss for one cell: the ranks keep their records, but neither the live batches nor the

@@ -259,7 +259,7 @@ def run(args: Any, say: Callable[[str], None]) -> int:
             code = exit_code_of(result)
             elapsed = time.monotonic() - t0
             if code == EXIT_OK:
-                if run_.records:
+                if run_.count():
                     print(run_.summary(), flush=True)
                 say(f"{title}: finished on {config.n} rank(s) in {elapsed:.1f} s")
             else:

@@ -143,7 +143,7 @@ def watch_command(args: Any) -> int:
             run = reader.update()
             if run.count() != seen:
                 seen = run.count()
-                view.add(run.records[-1:])
+                view.add([rec for batch in reader.new for rec in batch])
             view.tick()
     except KeyboardInterrupt:
         view.finish(run)

@@ -1,7 +1,7 @@
 """Where a run's records go in the kernel: one :class:`RecordSink` interface, four kinds of sink.
 
-The supervisor hands each new record to every sink of the cell's run: :class:`KernelRuns`
-(the kernel's recent runs in memory: ``jdist.last_run()``, ``jdist.runs()``), :class:`RunLogSink`
+The supervisor hands each new batch of records to every sink of the cell's run: :class:`KernelRuns`
+(the kernel's runs: ``jdist.last_run()``, ``jdist.runs()``, within the memory budget of :func:`run_memory`), :class:`RunLogSink`
 (the run folder on disk, which the Jupyter server's sidebar reads) and :class:`DashboardSink`
 (the live dashboard under the cell), and the sinks of installed sink plugins that the cell's
 options turn on (:class:`jdist.plugins.SinkSpec`, entry point group ``jdist.sinks``). jdist's own
@@ -25,15 +25,16 @@ import time
 from collections import deque
 from typing import Any, Callable, Protocol
 
-from jdist.metrics import Run, RunLog
+from jdist.metrics import Run, RunLog, budget
 from jdist.options import CellOptions, Option, Scope
 from jdist.plugins import SinkSpec, sink_specs
 from jdist.protocol import Record
 
-#: How many runs the kernel keeps in memory (``jdist.runs()``); the run log on disk keeps every run.
-MAX_RUNS_IN_MEMORY = 10
+#: How many runs ``jdist.runs()`` lists. Their values are held within the run memory budget
+#: (:func:`run_memory`): older runs leave memory and are read back from their run folders when asked for.
+MAX_RUNS_LISTED = 1000
 
-_runs: deque[Run] = deque(maxlen=MAX_RUNS_IN_MEMORY)
+_runs: deque[Run] = deque(maxlen=MAX_RUNS_LISTED)
 
 
 def last_run() -> Run | None:
@@ -45,9 +46,21 @@ def last_run() -> Run | None:
 
 
 def runs() -> list[Run]:
-    """This kernel's most recent runs, oldest first (up to :data:`MAX_RUNS_IN_MEMORY`; older
-    ones are in the run log on disk: ``jdist.read_run(path)``, ``jdist.metrics.list_runs()``)."""
+    """This kernel's runs, oldest first (the last :data:`MAX_RUNS_LISTED`; every run is in the run
+    log on disk: ``jdist.read_run(path)``, ``jdist.metrics.list_runs()``). A run whose values left
+    memory under the budget (:func:`run_memory`) reads them back when asked for."""
     return list(_runs)
+
+
+def run_memory(max_mb: float | None = None, keep: int | None = None) -> dict[str, Any]:
+    """The memory the kernel's runs may hold: at most ``max_mb`` MiB of values and ``keep`` runs
+    (``None``: unchanged; defaults 512 MiB, or ``$JDIST_RUN_MEMORY_MB``, and 10 runs). The least
+    recently used runs that ended go over to disk first. Returns the limits and what is held.
+
+    >>> jdist.run_memory(max_mb=256)   # doctest: +SKIP
+    {'max_mb': 256.0, 'keep': 10, 'held_mb': 41.3, 'runs_in_memory': 3, 'runs_released': 12}
+    """
+    return budget.configure(max_mb, keep)
 
 
 class RecordSink(Protocol):
@@ -55,7 +68,8 @@ class RecordSink(Protocol):
         """The run began (its first record or progress message arrived)."""
 
     def add(self, records: list[Record]) -> None:
-        """New records of the run (already in ``run.records``, duplicates dropped)."""
+        """New records of the run (already added to it, duplicates dropped): a
+        :class:`~jdist.metrics.store.RecordBatch`, a sequence of record dicts."""
 
     def tick(self) -> None:
         """Called on every poll while the cell runs (about 20 times a second)."""
@@ -65,7 +79,7 @@ class RecordSink(Protocol):
 
 
 class KernelRuns:
-    """Keeps the run among the kernel's recent runs."""
+    """Keeps the run among the kernel's runs, within the run memory budget (:mod:`jdist.metrics.budget`)."""
 
     def __init__(self) -> None:
         self.run: Run | None = None
@@ -73,6 +87,7 @@ class KernelRuns:
     def start(self, run: Run) -> None:
         self.run = run
         _runs.append(run)
+        budget.track(run)
 
     def add(self, records: list[Record]) -> None:
         pass
@@ -81,11 +96,12 @@ class KernelRuns:
         pass
 
     def finish(self, run: Run) -> None:
-        pass
+        run.finished_adding()
+        budget.BUDGET.enforce()
 
 
 class RunLogSink:
-    """Writes the run folder (``meta.json`` + ``metrics.jsonl``) under ``root`` (default: the run dir)."""
+    """Writes the run folder (``meta.json`` + ``metrics.jdc``) under ``root`` (default: the run dir)."""
 
     def __init__(self, root: str | None = None) -> None:
         self.root = root
@@ -120,7 +136,7 @@ class DashboardSink:
         self.board.show()
 
     def add(self, records: list[Record]) -> None:
-        pass  # drawn on tick, throttled
+        self.board.feed(records)  # drawn on tick, throttled
 
     def tick(self) -> None:
         self.board.update()

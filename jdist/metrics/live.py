@@ -32,16 +32,18 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel
 
 from .panels import BarDef, LineDef, PanelDef, SeriesDef, definitions, line_points
 from .records import Run
+from .store import RecordBatch
 
 
 @dataclass
@@ -84,25 +86,24 @@ class _Line:
 
     def points(self, run: Run, dirty_from: Any) -> LinePoints | None:
         line = self.line
-        steps = run.steps(line.metric) if line.metric else []
         frontier = run.frontier(line.metric) if line.metric else None
         replace_from = None
         if self.reset or self.sent_to is None:
-            start = 0
+            low, inclusive = None, False
         elif dirty_from is not None and dirty_from <= self.sent_to:
-            start = bisect.bisect_left(steps, dirty_from)
-            replace_from = dirty_from
+            low, inclusive, replace_from = dirty_from, True, dirty_from
         else:
-            start = bisect.bisect_right(steps, self.sent_to)
-        end = bisect.bisect_right(steps, frontier) if frontier is not None else 0
-        if end <= start and not self.reset and replace_from is None:
+            low, inclusive = self.sent_to, False
+        steps, prev = run.step_range(line.metric, low, frontier, inclusive=inclusive) if frontier is not None \
+            else ([], None)
+        if not steps and not self.reset and replace_from is None:
             return None
-        x, y, low, high = line_points(run, line, steps[start:end], steps[start - 1] if start > 0 else None)
-        out = LinePoints(self.panel, line.name, x, y, low if line.band else None, high if line.band else None,
+        x, y, lo, hi = line_points(run, line, steps, prev)
+        out = LinePoints(self.panel, line.name, x, y, lo if line.band else None, hi if line.band else None,
                          replace_from=None if self.reset else replace_from, reset=self.reset)
         self.reset = False
-        if end > 0:
-            self.sent_to = steps[end - 1] if self.sent_to is None else max(self.sent_to, steps[end - 1])
+        if steps:
+            self.sent_to = steps[-1] if self.sent_to is None else max(self.sent_to, steps[-1])
         return out
 
 
@@ -127,19 +128,26 @@ class LivePanels:
         self._layout_sent: str | None = None
         self._whole_sent: str | None = None
 
-    def feed(self, records: list[dict[str, Any]], now: float | None = None) -> None:
-        """Take note of new records (already added to the run): O(fields) per record."""
-        if self._first_feed is None and records:
+    def feed(self, records: RecordBatch | list[dict[str, Any]], now: float | None = None) -> None:
+        """Take note of new records (already added to the run): O(fields) per batch."""
+        if not len(records):
+            return
+        if self._first_feed is None:
             self._first_feed = time.monotonic() if now is None else now
+        batch = records if isinstance(records, RecordBatch) else RecordBatch.from_records(records)
+        step = batch.columns.get("step")
+        if step is None:
+            return
         dirty = self._dirty_from
-        for rec in records:
-            step = rec.get("step")
-            if step is None or isinstance(step, bool) or not isinstance(step, (int, float)):
-                continue
-            for name in rec:
+        as_int = "step" in batch.ints
+        for name, values in batch.columns.items():
+            have = step[~np.isnan(values) & ~np.isnan(step)]
+            if have.size:
+                s = have.min().item()
+                s = int(s) if as_int else s
                 low = dirty.get(name)
-                if low is None or step < low:
-                    dirty[name] = step
+                if low is None or s < low:
+                    dirty[name] = s
 
     def update(self, now: float | None = None) -> LiveUpdate:
         """What changed since the last call: layout, panels sent whole, new line points.
@@ -182,8 +190,7 @@ class LivePanels:
         if state is None or state.sent_to is None:
             return [], [], [], []
         line = state.line
-        steps = self.run.steps(line.metric) if line.metric else []
-        steps = steps[: bisect.bisect_right(steps, state.sent_to)]
+        steps = self.run.step_range(line.metric, None, state.sent_to)[0] if line.metric else []
         return line_points(self.run, line, steps)
 
 

@@ -37,9 +37,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
+import numpy as np
+
 from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel, SparkModel
 
-from .stats import finite, is_number, mean_min_max
+from .stats import finite, is_number, mean_min_max, row_stats
 
 if TYPE_CHECKING:
     from .records import Run
@@ -174,10 +176,11 @@ def total(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, 
     return (sum(vals), None, None) if vals else None
 
 
-def line_points(run: Run, series: SeriesDef, steps: list[Any], prev: Any = None
+def line_points(run: Run, series: SeriesDef, steps: Sequence[Any], prev: Any = None
                 ) -> tuple[list[Any], list[float], list[float], list[float]]:
     """``series``' points at ``steps`` (sorted; ``prev``: the step before them): ``(x, y, low, high)``,
     NaN where a value is missing. :func:`panels` passes every step, the live view a few at a time.
+    jdist's point functions run on all steps at once (numpy); another one once per step.
 
     >>> from jdist.metrics import Run
     >>> run = Run("x", 2)
@@ -185,31 +188,60 @@ def line_points(run: Run, series: SeriesDef, steps: list[Any], prev: Any = None
     >>> line_points(run, loss_panel(run).series[0], run.steps("loss"))
     ([0, 1], [0.5, 1.5], [0.0, 1.0], [1.0, 2.0])
     """
-    per_step = run.step_values(series.metric) if series.metric else {}
-    first = run.first_steps() if series.skip_first else {}
-    need = (len(run.metric_ranks(series.metric, skip_first=series.skip_first))
-            if series.every_rank and series.metric else 0)
-    xs: list[Any] = []
-    ys: list[float] = []
-    lows: list[float] = []
-    highs: list[float] = []
-    for step in steps:
-        values = per_step.get(step, {})
-        if first:
-            values = {r: v for r, v in values.items() if first.get(r, _NONE) != step}
-        pt = None if need and len(values) < need else series.point(step, values, prev)
-        prev = step
-        if pt is None:
-            continue
-        y, low, high = pt
-        xs.append(step)
-        ys.append(y)
-        lows.append(math.nan if low is None else low)
-        highs.append(math.nan if high is None else high)
-    return xs, ys, lows, highs
+    if not series.metric or not len(steps):
+        return [], [], [], []
+    at, values, ranks = run.matrix(series.metric, steps)
+    if series.skip_first:
+        first = run.first_steps()
+        values = values.copy()
+        for j, rank in enumerate(ranks):
+            step = first.get(rank)
+            if step is not None:
+                values[at == step, j] = np.nan
+    before = np.concatenate([[np.nan if prev is None else prev], at[:-1]])
+    keep = np.ones(len(at), dtype=bool)
+    if series.every_rank:
+        need = len(run.metric_ranks(series.metric, skip_first=series.skip_first))
+        keep &= (~np.isnan(values)).sum(axis=1) >= need
+    vector = _VECTOR.get(series.point)
+    if vector is not None:
+        ok, y, low, high = vector(at, values, before)
+        keep &= ok
+    else:
+        y, low, high = np.full(len(at), np.nan), np.full(len(at), np.nan), np.full(len(at), np.nan)
+        befores = [prev, *steps[:-1]]
+        for i in np.flatnonzero(keep).tolist():
+            row = values[i]
+            pt = series.point(steps[i], {r: float(v) for r, v in zip(ranks, row.tolist()) if v == v}, befores[i])
+            if pt is None:
+                keep[i] = False
+            else:
+                y[i], low[i], high[i] = (math.nan if v is None else v for v in pt)
+    chosen = np.flatnonzero(keep)
+    xs = [steps[i] for i in chosen.tolist()]
+    return xs, y[chosen].tolist(), low[chosen].tolist(), high[chosen].tolist()
 
 
-_NONE = object()
+def _mean_band_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
+    mean, low, high = row_stats(values)
+    return np.ones(len(at), dtype=bool), mean, low, high
+
+
+def _total_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
+    have = (~np.isnan(values)).any(axis=1) if values.shape[1] else np.zeros(len(at), dtype=bool)
+    none = np.full(len(at), np.nan)
+    return have, np.where(np.isnan(values), 0.0, values).sum(axis=1), none, none
+
+
+def _rate_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
+    none = np.full(len(at), np.nan)
+    if not values.shape[1]:
+        return np.zeros(len(at), dtype=bool), none, none, none
+    slowest = np.fmax.reduce(values, axis=1)
+    ok = ~np.isnan(before) & ~np.isnan(slowest)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(slowest > 0, (at - before) / slowest, np.nan)
+    return ok, rate, none, none
 
 
 def series_of(run: Run, series: SeriesDef) -> LineSeries:
@@ -520,7 +552,7 @@ def summary(run: Run) -> str:
     """
     dur = (run.ended or time.time()) - run.started
     lines = [f"jdist run {run.run_id}: {run.status} after {dur:.1f} s, {run.world_size} ranks"
-             f" ({run.backend or 'no backend'}, {run.device_kind}), {len(run.records)} records"]
+             f" ({run.backend or 'no backend'}, {run.device_kind}), {run.count()} records"]
     last = run.max_step()
     if last is not None:
         lines.append(f"  last step: {last}")
@@ -548,6 +580,11 @@ def sparks(run: Run, max_points: int = SPARK_POINTS) -> list[SparkModel]:
         out.append(SparkModel(key=d.key, label=d.spark.label, color=s.color, unit=d.spark.unit, x=xs, y=ys,
                               last=y_ok[-1] if y_ok else None))
     return out
+
+
+#: jdist's point functions, each computed for many steps at once (same results as the function).
+_VECTOR: dict[Any, Callable[..., tuple[np.ndarray, ...]]] = {
+    mean_band: _mean_band_rows, total: _total_rows, rate_of_slowest: _rate_rows}
 
 
 __all__ = [

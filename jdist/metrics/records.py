@@ -18,20 +18,21 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 from jdist.protocol import RECORD_KEYS, Record, RunMeta
 
-from .stats import mean_min_max
+from .stats import row_stats, tail_sums
+from .store import RecordBatch, RecordStore
 
 #: jdist's own automatic metrics, added to every record by the rank runtime (``None`` when unknown).
 CORE_METRICS: dict[str, str] = {
@@ -87,14 +88,6 @@ def reserved() -> frozenset[str]:
     return frozenset(RECORD_KEYS) | frozenset(_auto_metrics())
 
 
-def _insert_sorted(steps: list[Any], step: Any) -> None:
-    """Insert ``step`` into the sorted list ``steps``; O(1) when it is the highest (records come in step order)."""
-    if not steps or step > steps[-1]:
-        steps.append(step)
-    else:
-        bisect.insort(steps, step)
-
-
 def new_run_id() -> str:
     """A sortable, unique run id such as ``20261122-041501-3f9a1c``."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -110,89 +103,134 @@ def missing_seqs(received: Iterable[int], count: int) -> list[int]:
     return [s for s in range(count) if s not in seen]
 
 
-@dataclass
 class Run:
-    """All records of one ``%%distributed`` cell execution, in arrival order.
+    """All records of one ``%%distributed`` cell execution, kept as columns (:mod:`jdist.metrics.store`).
 
-    ``history`` gives them as a pandas DataFrame; ``aggregate`` gives the
-    cross-rank mean/min/max of one metric per step, as the dashboard shows it.
+    ``history`` gives them as a pandas DataFrame, built on demand; ``aggregate`` gives the
+    cross-rank mean/min/max of one metric per step, as the dashboard shows it. A run that
+    has a run folder can be :meth:`release` d: its values leave memory and come back from the
+    folder the next time anything asks for them (:class:`jdist.metrics.budget.RunBudget` does
+    this for the kernel's older runs).
     """
 
-    run_id: str
-    world_size: int
-    backend: str = ""
-    device_kind: str = "cpu"
-    code: str = ""
-    total_steps: int | None = None
-    started: float = field(default_factory=time.time)
-    ended: float | None = None
-    status: str = "running"
-    error: str | None = None
-    path: Path | None = None
-    cluster_id: str | None = None  # the ipyparallel cluster that ran it (links runs to clusters)
-    #: rank -> host, when the ranks ran on several hosts (empty on one: the panels then leave it out)
-    hosts: dict[int, str] = field(default_factory=dict)
-    records: list[Record] = field(default_factory=list)
-    #: (rank, cell) -> the lowest seq not seen yet (every lower one was), and seqs above it seen early:
-    #: O(1) per record and no memory per record, where a set of every (rank, cell, seq) grew with the run
-    _next_seq: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
-    _ahead: dict[tuple[int, int], set[int]] = field(default_factory=dict, repr=False)
-    _by_metric: dict[str, dict[Any, dict[int, float]]] = field(
-        default_factory=lambda: defaultdict(dict), repr=False
-    )
-    _latest: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
-    #: (metric, rank) -> the numeric steps at which that rank logged it, sorted
-    _rank_steps: dict[tuple[str, int], list[Any]] = field(default_factory=lambda: defaultdict(list), repr=False)
-    _steps: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list), repr=False)  # metric -> sorted
-    _first_step: dict[int, Any] = field(default_factory=dict, repr=False)  # rank -> step of its seq 0 record
-    _timed: list[tuple[Any, float]] = field(default_factory=list, repr=False)  # lowest, highest (step, time)
+    def __init__(self, run_id: str, world_size: int, backend: str = "", device_kind: str = "cpu", code: str = "",
+                 total_steps: int | None = None, started: float | None = None, ended: float | None = None,
+                 status: str = "running", error: str | None = None, path: Path | None = None,
+                 cluster_id: str | None = None, hosts: dict[int, str] | None = None,
+                 records: Iterable[Record] | None = None):
+        self.run_id = run_id
+        self.world_size = world_size
+        self.backend = backend
+        self.device_kind = device_kind
+        self.code = code
+        self.total_steps = total_steps
+        self.started = time.time() if started is None else started
+        self.ended = ended
+        self.status = status
+        self.error = error
+        self.path = path
+        self.cluster_id = cluster_id  # the ipyparallel cluster that ran it (links runs to clusters)
+        #: rank -> host, when the ranks ran on several hosts (empty on one: the panels then leave it out)
+        self.hosts: dict[int, str] = dict(hosts or {})
+        self._count = 0
+        self._released = False
+        self._reset()
+        if records:
+            self.add(list(records))
 
-    def add(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _reset(self) -> None:
+        self._store = RecordStore(self.world_size)
+        self._rank_count: dict[int, int] = defaultdict(int)
+        #: (rank, cell) -> the lowest seq not seen yet (every lower one was), and seqs above it seen early
+        self._next_seq: dict[tuple[int, int], int] = {}
+        self._ahead: dict[tuple[int, int], set[int]] = {}
+        self._latest: dict[int, Record] = {}
+        self._first_step: dict[int, Any] = {}  # rank -> step of its seq 0 record
+        self._timed: list[tuple[Any, float]] = []  # lowest, highest (step, time)
+        self._unstepped: dict[str, dict[int, float]] = defaultdict(dict)  # metric -> rank -> latest value
+
+    def __repr__(self) -> str:
+        return (f"Run({self.run_id!r}, world_size={self.world_size}, status={self.status!r}, records={self._count}"
+                f"{', released' if self._released else ''})")
+
+    # -- adding ---------------------------------------------------------------------------------
+
+    def add(self, records: Iterable[Record]) -> list[Record]:
         """Add records, dropping duplicates (same rank, cell and seq); return the new ones."""
-        new = []
-        by_metric, steps_of, rank_steps = self._by_metric, self._steps, self._rank_steps
-        for rec in records:
-            if not self._first_time(rec["rank"], rec.get("cell", 0), rec["seq"]):
+        batch = records if isinstance(records, RecordBatch) else RecordBatch.from_records(list(records))
+        return self.add_batch(batch).rows()
+
+    def add_batch(self, batch: RecordBatch) -> RecordBatch:
+        """Add a batch (:meth:`RecordBatch.from_records`), dropping duplicates; return the new records."""
+        store = self._data()
+        if not batch.n:
+            return batch
+        cols = batch.columns
+        ranks, seqs = cols["rank"], cols["seq"]
+        cells = cols.get("cell")
+        new = self._new_mask(ranks, cells, seqs)
+        if new is not None:
+            batch = batch.take(new)
+            if not batch.n:
+                return batch
+            cols = batch.columns
+            ranks, seqs = cols["rank"], cols["seq"]
+        store.add(batch)
+        self._count += batch.n
+        step = cols.get("step")
+        rank_list = ranks.tolist()
+        last: dict[int, int] = {}
+        for i, r in enumerate(rank_list):
+            last[r] = i
+            self._rank_count[r] += 1
+        for r, i in last.items():
+            self._latest[r] = batch.row(i)
+        if step is not None:
+            as_int = "step" in batch.ints
+            for i in np.flatnonzero(seqs == 0).tolist():
+                s = step[i].item()
+                self._first_step[rank_list[i]] = None if s != s else (int(s) if as_int else s)
+            when = cols.get("time")
+            if when is not None:
+                ok = ~(np.isnan(step) | np.isnan(when))
+                if ok.any():
+                    self._note_times(step[ok], when[ok], as_int)
+            if np.isnan(step).any():
+                for i in np.flatnonzero(np.isnan(step)).tolist():
+                    for name, value in batch.row(i).items():
+                        if name not in RECORD_KEYS and type(value) in (int, float):
+                            self._unstepped[name][rank_list[i]] = float(value)
+        return batch
+
+    def _new_mask(self, ranks: np.ndarray, cells: np.ndarray | None, seqs: np.ndarray) -> np.ndarray | None:
+        """Which records were not added before (``None``: all of them), noting them. A (rank, cell)'s
+        records that follow on from what was added costs O(1); others one check each."""
+        cells = cells if cells is not None else np.zeros(len(seqs), dtype=np.int64)
+        if (ranks[0] == ranks).all() and (cells[0] == cells).all():
+            groups = [np.arange(len(seqs))]
+        else:
+            order = np.lexsort((cells, ranks))  # stable: arrival order within a (rank, cell)
+            key = ranks[order] * (int(cells.max()) + 1) + cells[order]
+            groups = np.split(order, np.flatnonzero(key[1:] != key[:-1]) + 1)
+        mask = None
+        for idx in groups:
+            key = (int(ranks[idx[0]]), int(cells[idx[0]]))
+            run = seqs[idx]
+            first = int(run[0])
+            if first == self._next_seq.get(key, 0) and not self._ahead.get(key) and \
+                    (len(run) == 1 or (np.diff(run) == 1).all()):
+                self._next_seq[key] = first + len(run)  # records in order, after the others: the usual case
                 continue
-            self.records.append(rec)
-            new.append(rec)
-            rank = rec["rank"]
-            self._latest[rank] = rec
-            step = rec.get("step")
-            if rec["seq"] == 0:
-                self._first_step[rank] = step
-            when = rec.get("time")
-            if step is not None and when is not None:
-                timed = (step, when)
-                if not self._timed:
-                    self._timed = [timed, timed]
-                elif timed < self._timed[0]:
-                    self._timed[0] = timed
-                elif timed > self._timed[1]:
-                    self._timed[1] = timed
-            for name, value in rec.items():  # per record and field: the kernel's hottest loop
-                kind = type(value)
-                if kind is not float and kind is not int:  # None, strings, bools (type(True) is bool)
-                    if not isinstance(value, (int, float)) or isinstance(value, bool):
-                        continue
-                if name in RECORD_KEYS:
-                    continue
-                by_step = by_metric[name]
-                at_step = by_step.get(step)
-                if at_step is None:
-                    at_step = by_step[step] = {}
-                    if step is not None:
-                        _insert_sorted(steps_of[name], step)
-                if rank not in at_step and step is not None:
-                    _insert_sorted(rank_steps[name, rank], step)
-                at_step[rank] = float(value)
-        return new
+            if mask is None:
+                mask = np.ones(len(seqs), dtype=bool)
+            mask[idx] = [self._first_time(key[0], key[1], s) for s in run.tolist()]
+        return mask
 
     def _first_time(self, rank: int, cell: int, seq: int) -> bool:
         """Whether (rank, cell, seq) was not added before (and note it)."""
         key = (rank, cell)
         nxt = self._next_seq.get(key, 0)
-        if seq == nxt:  # the usual case: records come in order
+        if seq == nxt:
             nxt += 1
             ahead = self._ahead.get(key)
             while ahead and nxt in ahead:
@@ -208,17 +246,128 @@ class Run:
         ahead.add(seq)
         return True
 
-    def steps(self, metric: str) -> list[Any]:
-        """The steps at which some rank logged ``metric``, sorted (``None`` steps left out). Do not modify."""
-        return self._steps.get(metric, [])
+    def _note_times(self, step: np.ndarray, when: np.ndarray, as_int: bool) -> None:
+        lo = step.min()
+        hi = step.max()
+        num = int if as_int else float
+        low = (num(lo), float(when[step == lo].min()))
+        high = (num(hi), float(when[step == hi].max()))
+        if not self._timed:
+            self._timed = [low, high]
+        else:
+            self._timed = [min(self._timed[0], low), max(self._timed[1], high)]
 
-    def step_values(self, metric: str) -> dict[Any, dict[int, float]]:
-        """``{step: {rank: value}}`` of ``metric`` (a rank's latest value where it logged a step twice).
-        Do not modify."""
-        return self._by_metric.get(metric, {})
+    def missing_seqs(self, rank: int, cell: int, count: int) -> list[int]:
+        """The seqs below ``count`` of (rank, cell) that were not added (a rank's records lost in transport).
+
+        >>> run = Run("x", 1)
+        >>> _ = run.add([{"rank": 0, "cell": 1, "seq": s, "step": s} for s in (0, 1, 3)])
+        >>> run.missing_seqs(0, 1, 5)
+        [2, 4]
+        """
+        self._data()
+        nxt = self._next_seq.get((rank, cell), 0)
+        ahead = self._ahead.get((rank, cell), set())
+        return [s for s in range(nxt, count) if s not in ahead]
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the run's values take in memory (0 once released)."""
+        return 0 if self._released else self._store.nbytes
+
+    @property
+    def released(self) -> bool:
+        """Whether the values left memory (:meth:`release`); the next read loads them from the run folder."""
+        return self._released
+
+    def release(self) -> bool:
+        """Let the values go from memory: they come back from the run folder when next asked for.
+        Only a run that has ended and has a folder is released; returns whether it was."""
+        if self._released or self.status == "running" or self.path is None or not Path(self.path).is_dir():
+            return False
+        self._reset()
+        self._store = None  # type: ignore[assignment]
+        self._released = True
+        return True
+
+    def finished_adding(self) -> None:
+        """The run ended: give back the rows allocated ahead."""
+        if not self._released:
+            self._store.trim()
+
+    def _data(self) -> RecordStore:
+        """The store, loaded again from the run folder if the run was released."""
+        if self._released:
+            from .store import load_batches
+
+            assert self.path is not None
+            self._released = False
+            self._reset()
+            count = self._count
+            self._count = 0
+            for batch in load_batches(self.path):
+                self.add_batch(batch)
+            self._store.trim()
+            if self._count != count:
+                import warnings
+
+                warnings.warn(f"jdist: run {self.run_id} had {count} records; its run folder {self.path} has "
+                              f"{self._count}", stacklevel=3)
+            from .budget import loaded
+
+            loaded(self)
+        return self._store
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _steps_out(self, steps: np.ndarray) -> list[Any]:
+        """Steps as Python numbers: ints when every step logged was one."""
+        return steps.astype(np.int64).tolist() if self._store.step_ints else steps.tolist()
+
+    def steps(self, metric: str) -> list[Any]:
+        """The steps at which some rank logged ``metric``, sorted (``None`` steps left out)."""
+        return self._steps_out(self._data().steps(metric))
+
+    def matrix(self, metric: str, steps: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """``(steps, values[step, column], ranks of the columns)`` of ``metric`` at ``steps`` (sorted
+        steps of the run; NaN: no value). The dashboard's panels compute their points from it."""
+        store = self._data()
+        at = np.asarray(steps, dtype=np.float64)
+        values = store.field(metric)
+        if values is None or not len(at):
+            return at, np.full((len(at), 0), np.nan), []
+        rows = np.minimum(np.searchsorted(store.keys, at), store.n - 1)
+        return at, values[rows], store.ranks
+
+    def step_range(self, metric: str, low: Any, high: Any, inclusive: bool = False) -> tuple[list[Any], Any]:
+        """The steps of ``metric`` from ``low`` (``None``: the first; excluded unless ``inclusive``) to
+        ``high`` (included), sorted, and the step of it before them (``None``: none)."""
+        store = self._data()
+        keys = store.keys
+        if high is None:
+            return [], None
+        lo = 0 if low is None else int(np.searchsorted(keys, low, side="left" if inclusive else "right"))
+        hi = int(np.searchsorted(keys, high, side="right"))
+        values = store.field(metric)
+        if values is None or hi <= lo:
+            return [], None
+        has = ~np.isnan(values[lo:hi]).all(axis=1)
+        steps = self._steps_out(keys[lo:hi][has])
+        prev = None
+        back = lo
+        while back > 0 and prev is None:  # the step before: usually the row just before
+            start = max(back - 64, 0)
+            earlier = np.flatnonzero(~np.isnan(values[start:back]).all(axis=1))
+            if earlier.size:
+                prev = self._steps_out(keys[start + earlier[-1:]])[0]
+            back = start
+        return steps, prev
 
     def first_steps(self) -> dict[int, Any]:
         """``{rank: step}`` of each rank's first record of the cell (``seq`` 0)."""
+        self._data()
         return self._first_step
 
     def metric_ranks(self, metric: str, skip_first: bool = False) -> list[int]:
@@ -230,106 +379,172 @@ class Run:
         >>> run.metric_ranks("v"), run.metric_ranks("v", skip_first=True)
         ([0, 1], [0])
         """
+        store = self._data()
+        f = store.fields.get(metric)
+        if f is None:
+            return []
         out = []
-        for (m, rank), steps in self._rank_steps.items():
-            only_first = skip_first and len(steps) == 1 and self._first_step.get(rank) == steps[0]
-            if m == metric and steps and not only_first:
+        for rank, count, top in zip(store.ranks, store.count[:, f].tolist(), store.top[:, f].tolist()):
+            only_first = skip_first and count == 1 and self._first_step.get(rank) == top
+            if count and not only_first:
                 out.append(rank)
         return sorted(out)
 
     def frontier(self, metric: str) -> Any:
         """The highest step every rank that logs ``metric`` has reached (``None`` before any): the
         slowest rank's latest step of it."""
-        tops = [steps[-1] for (m, _), steps in self._rank_steps.items() if m == metric and steps]
-        return min(tops) if tops else None
+        store = self._data()
+        f = store.fields.get(metric)
+        if f is None or not (store.count[:, f] > 0).any():
+            return None
+        low = store.top[:, f][store.count[:, f] > 0].min()
+        return int(low) if self._store.step_ints else float(low)
 
     def time_span(self) -> tuple[tuple[Any, float], tuple[Any, float]] | None:
         """The lowest and highest ``(step, time)`` of the records that have both, or ``None``."""
+        self._data()
         return (self._timed[0], self._timed[1]) if self._timed else None
 
     @property
     def metric_names(self) -> list[str]:
         """User-logged scalar names, in first-seen order (automatic metrics excluded)."""
         auto = _auto_metrics()
-        return [m for m in self._by_metric if m not in auto]
+        store = self._data()
+        names = [m for m in list(store.fields)[2:] if m not in auto]
+        return names + [m for m in self._unstepped if m not in auto and m not in names]
 
     @property
     def ranks(self) -> list[int]:
+        self._data()
         return sorted(self._latest)
 
     def latest(self, rank: int) -> dict[str, Any] | None:
         """The most recent record of ``rank``."""
+        self._data()
         return self._latest.get(rank)
 
     def count(self, rank: int | None = None) -> int:
         """Number of records (of one rank, or all)."""
         if rank is None:
-            return len(self.records)
-        return sum(1 for r in self.records if r["rank"] == rank)
+            return self._count
+        self._data()
+        return self._rank_count.get(rank, 0)
 
     def aggregate(self, metric: str) -> tuple[list[Any], list[float], list[float], list[float]]:
         """Per step: (steps, mean, min, max) of ``metric`` across the ranks that logged it.
 
         Steps are sorted; ``None`` steps (``jdist.log`` without ``step=``) are left out.
         """
-        per_step = self._by_metric.get(metric, {})
-        steps = list(self.steps(metric))
-        stats = [mean_min_max(per_step[s].values()) for s in steps]
-        return steps, [m for m, _, _ in stats], [lo for _, lo, _ in stats], [hi for _, _, hi in stats]
+        store = self._data()
+        steps = store.steps(metric)
+        _, values, _ = self.matrix(metric, steps)
+        mean, low, high = row_stats(values)
+        return self._steps_out(steps), mean.tolist(), low.tolist(), high.tolist()
 
     def per_rank_mean(self, metric: str, last: int | None = None, skip_first: bool = False) -> dict[int, float]:
         """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank.
 
         ``skip_first``: leave out each rank's first step when it has others (the first
         ``step_time_s`` counts from the start of the cell, set-up code included). Values
-        logged without a step count as the latest. Costs O(``last``) per rank, not O(steps).
+        logged without a step count as the latest. Costs O(``last``) rows for all ranks at
+        once, not O(steps).
 
         >>> run = Run("x", 1)
         >>> _ = run.add([{"rank": 0, "seq": s, "step": s, "t": float(s)} for s in range(5)])
         >>> run.per_rank_mean("t", last=2, skip_first=True)
         {0: 3.5}
         """
-        per_step = self._by_metric.get(metric, {})
-        unstepped = per_step.get(None, {})
-        out = {}
-        for rank in sorted({r for (m, r) in self._rank_steps if m == metric} | set(unstepped)):
-            steps: list[Any] = self._rank_steps.get((metric, rank), [])
-            count = len(steps) + (rank in unstepped)
-            start = 1 if skip_first and count > 1 else 0
+        store = self._data()
+        f = store.fields.get(metric)
+        unstepped = self._unstepped.get(metric, {})
+        out: dict[int, float] = {}
+        if f is not None:
+            count = store.count[:, f]
+            extra = np.array([r in unstepped for r in store.ranks], dtype=np.int64)
+            total = count + extra
+            start = np.where(skip_first & (total > 1), 1, 0)
             if last:
-                start = max(start, count - last)
-            chosen = steps[start:]
-            vals = [per_step[s][rank] for s in chosen]
-            if rank in unstepped and count > start:
-                vals.append(unstepped[rank])
-            vals = [v for v in vals if not math.isnan(v)]
-            if vals:
-                out[rank] = sum(vals) / len(vals)
-        return out
+                start = np.maximum(start, total - last)
+            take = np.maximum(count - start, 0)  # each column's values to average, from its end
+            sums, got = tail_sums(store.data[: store.n, :, f], take)
+            for j, rank in enumerate(store.ranks):
+                s, k = sums[j], int(got[j])
+                if extra[j] and total[j] > start[j] and not math.isnan(unstepped[rank]):
+                    s, k = s + unstepped[rank], k + 1
+                if k:
+                    out[rank] = float(s / k)
+        for rank, value in unstepped.items():
+            if (f is None or not store.count[store.ranks.index(rank), f]) and not math.isnan(value):
+                out[rank] = value
+        return dict(sorted(out.items()))
 
     def max_step(self) -> Any:
         """The highest step any rank has logged, or ``None``."""
+        self._data()
         steps = [r.get("step") for r in self._latest.values() if isinstance(r.get("step"), (int, float))]
         return max(steps) if steps else None
 
     @property
     def history(self):
-        """One row per (rank, step): ``rank``, ``step``, every logged scalar and the automatic metrics.
+        """One row per (rank, step), sorted so: ``rank``, ``step``, ``time``, every logged scalar and
+        the automatic metrics (NaN where a value is missing). Where a rank logged a step twice, the
+        row has the latest value of each metric. Built on demand.
 
         >>> Run("x", 1, records=[]).history.empty
         True
         """
         import pandas as pd
 
-        cols = ["rank", "step", "time", *self.metric_names, *AUTO_METRICS]
-        if not self.records:
+        store = self._data()
+        auto = list(AUTO_METRICS)
+        names = self.metric_names
+        cols = ["rank", "step", "time", *names, *[m for m in auto if m not in names]]
+        if not self._count:
             return pd.DataFrame(columns=cols)
-        df = pd.DataFrame.from_records(self.records)
-        for c in cols:
-            if c not in df.columns:
-                df[c] = None
-        df = df[cols + [c for c in df.columns if c not in cols and c not in ("seq", "cell")]]
-        return df.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+        order = sorted(range(len(store.ranks)), key=store.ranks.__getitem__)
+        present = ~np.isnan(store.field("seq")[:, order])
+        col_idx, rows = np.nonzero(present.T)  # rank-major, steps ascending within a rank
+        where = np.array(order, dtype=np.int64)[col_idx]
+        ranks = np.array(store.ranks, dtype=np.int64)[where]
+        steps = store.keys[rows]
+        data: dict[str, Any] = {"rank": ranks, "step": steps.astype(np.int64) if store.step_ints else steps}
+        for name in cols[2:]:
+            values = store.field(name)
+            if values is None:
+                data[name] = np.full(len(rows), np.nan)
+                continue
+            data[name] = values[rows, where]
+            if store.ints.get(name) and not np.isnan(data[name]).any():
+                data[name] = data[name].astype(np.int64)
+        df = pd.DataFrame(data)
+        if store.extras:
+            at = {(float(s), int(r)): i for i, (s, r) in enumerate(zip(steps.tolist(), ranks.tolist()))}
+            for (s, r), extra in store.extras.items():
+                for name, value in extra.items():
+                    if name not in df.columns:
+                        df[name] = None
+                    df.at[at[s, r], name] = value
+        if store.unstepped:
+            batch = RecordBatch.from_records(store.unstepped)
+            rest = pd.DataFrame({c: batch.columns[c] if c in batch.columns else np.nan for c in df.columns})
+            rest["rank"] = batch.columns["rank"]
+            for i, extra in batch.extras.items():
+                for name, value in extra.items():
+                    if name not in rest.columns:
+                        rest[name] = None
+                    rest.at[i, name] = value
+            df = pd.concat([df, rest], ignore_index=True)
+            df = df.sort_values(["rank", "step"], kind="stable", na_position="last").reset_index(drop=True)
+        return df
+
+    @property
+    def records(self) -> list[Record]:
+        """The records as dicts, one per (rank, step) as in :attr:`history` (built on demand: for a
+        long run, read :attr:`history`)."""
+        out = []
+        for row in self.history.to_dict("records"):
+            out.append({k: v for k, v in row.items() if v is not None and v == v})
+        return out
 
     def meta(self) -> RunMeta:
         """The JSON-able description of this run (what ``meta.json`` holds)."""
@@ -344,7 +559,7 @@ class Run:
             ended=self.ended,
             status=self.status,
             error=self.error,
-            records=len(self.records),
+            records=self._count,
             cluster_id=self.cluster_id,
             hosts={str(r): h for r, h in sorted(self.hosts.items())},
         )

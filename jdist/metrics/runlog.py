@@ -2,9 +2,13 @@
 other tools) while it is being written.
 
 ``<run dir>/<run id>/meta.json`` (:class:`jdist.protocol.RunMeta`, rewritten atomically) and
-``metrics.jsonl`` (one record per line, appended and flushed as records arrive; a run of another
-launcher has one ``metrics.r<rank>.jsonl`` per rank instead). The run dir is
-``$JDIST_RUN_DIR``, else ``<jupyter data dir>/jdist/runs`` (:func:`default_run_dir`).
+``metrics.jdc``: the records, one binary frame per batch as it arrived (:meth:`RecordBatch.encode
+<jdist.metrics.store.RecordBatch.encode>`: a JSON header naming the columns, then each column's
+bytes), appended and flushed. Read it with :func:`read_run` (``read_run(path).history`` is a
+DataFrame). A run of another launcher's ranks (:mod:`jdist.rank.filelog`) has one
+``metrics.r<rank>.jsonl`` per rank instead (a record per line), as had the runs of earlier
+versions of jdist (``metrics.jsonl``); both are read too. The run dir is ``$JDIST_RUN_DIR``, else
+``<jupyter data dir>/jdist/runs`` (:func:`default_run_dir`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .records import Run
+from .store import RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
+
+__all__ = ["RECORDS_FILE", "RunLog", "RunReader", "default_run_dir", "list_runs", "load_batches", "read_frames",
+           "read_records", "read_run"]
 
 
 def default_run_dir() -> Path:
@@ -27,12 +35,8 @@ def default_run_dir() -> Path:
     return Path(jupyter_data_dir()) / "jdist" / "runs"
 
 
-#: One encoder for every line (``json.dumps(rec, default=float)`` builds a new one per call).
-_ENCODER = json.JSONEncoder(default=float)
-
-
 class RunLog:
-    """One folder per run: ``meta.json`` and ``metrics.jsonl`` (one record per line).
+    """One folder per run: ``meta.json`` and ``metrics.jdc`` (a frame per batch of records).
 
     >>> import tempfile
     >>> log = RunLog(Run("r1", 1), tempfile.mkdtemp())
@@ -47,7 +51,7 @@ class RunLog:
         self.path = self.path / run.run_id
         self.path.mkdir(parents=True, exist_ok=True)
         run.path = self.path
-        self._fh = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+        self._fh = open(self.path / RECORDS_FILE, "ab")
         self.write_meta()
 
     def write_meta(self) -> None:
@@ -56,12 +60,11 @@ class RunLog:
         tmp.write_text(json.dumps(self.run.meta(), indent=1))
         tmp.replace(self.path / "meta.json")
 
-    def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Append records as JSON lines and flush them to disk."""
-        encode = _ENCODER.encode
-        lines = [encode(r) + "\n" for r in records]
-        if lines:
-            self._fh.writelines(lines)
+    def append(self, records: RecordBatch | Iterable[dict[str, Any]]) -> None:
+        """Append a batch of records as one frame and flush it to disk."""
+        batch = records if isinstance(records, RecordBatch) else RecordBatch.from_records(list(records))
+        if batch.n:
+            self._fh.write(batch.encode())
             self._fh.flush()
 
     def close(self) -> None:
@@ -77,7 +80,7 @@ def read_run(path: str | os.PathLike) -> Run:
 
 class RunReader:
     """Follows a run folder while it is written: each :meth:`update` re-reads ``meta.json``
-    if it changed and only the new complete lines of ``metrics.jsonl``.
+    if it changed and only the new complete frames (or lines) of the records files.
 
     >>> import tempfile
     >>> log = RunLog(Run("r2", 1), tempfile.mkdtemp())
@@ -95,6 +98,8 @@ class RunReader:
         self.run: Run | None = None
         self._offsets: dict[str, int] = {}  # per records file: bytes read
         self._meta_stamp: tuple[int, int] | None = None
+        #: the batches of new records the last :meth:`update` added
+        self.new: list[RecordBatch] = []
 
     def update(self) -> Run:
         """The run with everything written so far (the same :class:`Run` object each time)."""
@@ -120,11 +125,8 @@ class RunReader:
             else:
                 for name, value in fields.items():
                     setattr(self.run, name, value)
-        names = _names(self.path)
-        for name in names:
-            if name.startswith("metrics") and name.endswith(".jsonl"):
-                records, self._offsets[name] = read_records(self.path / name, self._offsets.get(name, 0))
-                self.run.add(records)
+        names = folder_files(self.path)
+        self.new = [self.run.add_batch(batch) for name in names for batch in self._read(name)]
         failed = [n for n in names if n.startswith("failed.r") and n.endswith(".json")]
         if failed and self.run.status != "failed":  # a rank of another launcher failed (jdist.rank.filelog)
             first = min((json.loads((self.path / n).read_text()) for n in failed), key=lambda f: f["time"])
@@ -132,27 +134,10 @@ class RunReader:
         return self.run
 
 
-def _names(path: Path) -> list[str]:
-    """The files of a run folder: ``meta.json``; ``metrics.jsonl`` (the kernel's run log) or, for the
-    ranks of another launcher (:mod:`jdist.rank.filelog`), ``metrics.r<rank>.jsonl`` per rank and
-    ``failed.r<rank>.json`` per rank that failed."""
-    try:
-        return sorted(p.name for p in path.iterdir())
-    except FileNotFoundError:
-        return []
-
-
-def read_records(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The complete JSON lines of a ``metrics.jsonl`` from byte ``offset`` on, and the offset
-    after the last complete line (a line still being written has no newline yet)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+    def _read(self, name: str) -> list[RecordBatch]:
+        """The new complete batches of one file of the folder (none for a file without records)."""
+        batches, self._offsets[name] = read_file(self.path / name, self._offsets.get(name, 0))
+        return batches
 
 
 def list_runs(root: str | os.PathLike | None = None) -> list[Path]:

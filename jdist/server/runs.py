@@ -46,7 +46,7 @@ def effective_status(run: Run, live: set[str]) -> str:
 def run_head(run: Run, live: set[str], notebook: str | None) -> RunHeadModel:
     return RunHeadModel(run_id=run.run_id, status=effective_status(run, live), world_size=run.world_size,
                         backend=run.backend, device_kind=run.device_kind, started=run.started, ended=run.ended,
-                        records=len(run.records), total_steps=run.total_steps, cluster_id=run.cluster_id,
+                        records=run.count(), total_steps=run.total_steps, cluster_id=run.cluster_id,
                         error=run.error, notebook=notebook, steps_done=steps_done(run))
 
 
@@ -125,7 +125,7 @@ class RunIndex:
             return None
 
         def compute(run: Run) -> RunDetailModel:
-            key = (len(run.records), run.status, run.ended, run.total_steps, run.cluster_id in live)
+            key = (run.count(), run.status, run.ended, run.total_steps, run.cluster_id in live)
             with self._lock:
                 cached = self._details.get(path)
             if cached and cached[0] == key:

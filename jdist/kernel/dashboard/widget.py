@@ -112,7 +112,6 @@ class Dashboard:
         self.run = run
         self.min_interval = min_interval
         self.live = LivePanels(run)
-        self._fed = 0  # records of the run given to self.live
         self._seq = 0
         self._last_redraw = -math.inf
         self._handle: Any = None
@@ -138,6 +137,10 @@ class Dashboard:
         x, y, low, high = self.live.sent(panel, series)
         return {"x": x, "y": y, "low": low, "high": high}
 
+    def feed(self, records: Any) -> None:
+        """New records of the run (already added to it): which points they change (O(fields) per batch)."""
+        self.live.feed(records)
+
     def show(self) -> None:
         """Display the live view under the running cell (nothing outside a kernel)."""
         _check_thread()
@@ -162,10 +165,6 @@ class Dashboard:
         if self._finished or (not force and now - self._last_redraw < self.min_interval):
             return False
         self._last_redraw = now
-        records = self.run.records
-        if self._fed < len(records):
-            self.live.feed(records[self._fed:])
-            self._fed = len(records)
         self._send(self.live.update())
         head = self._head()
         if head != self._widget.head:

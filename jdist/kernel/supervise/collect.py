@@ -12,7 +12,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from jdist.metrics import Run, missing_seqs, new_run_id
+from jdist.metrics import Run, new_run_id
+from jdist.metrics.store import RecordBatch
 from jdist.protocol import DataMessage, Record
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ class RecordCollector:
         self.sinks: list[RecordSink] = []
         self.cells: dict[int, int] = {}  # rank -> cell id on the rank
         self.done: dict[int, int] = {}  # rank -> record count reported at cell end
-        self.seqs: dict[int, set[int]] = {}
         self.paused_ranks: list[int] = []
+        self._pending: list[RecordBatch] = []  # records received since the last flush, as they came
 
     def ensure_run(self) -> Run:
         """The cell's run, created (and its sinks started) on first use."""
@@ -73,15 +74,22 @@ class RecordCollector:
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
             self.on_checkpoint(msg)
 
-    def _add(self, records: list[Record]) -> None:
-        if not records:
+    def _add(self, records: RecordBatch | list[Record]) -> None:
+        """Keep records for the next :meth:`flush` (one batch per poll, whatever the ranks sent)."""
+        if len(records):
+            self.ensure_run()
+            self._pending.append(records if isinstance(records, RecordBatch) else RecordBatch.from_records(records))
+
+    def flush(self) -> None:
+        """Add the records received since the last flush to the run, and give the new ones to the sinks."""
+        if not self._pending:
             return
-        run = self.ensure_run()
-        for rec in records:
-            self.seqs.setdefault(rec["rank"], set()).add(rec["seq"])
-        new = run.add(records)
-        for sink in self.sinks:
-            sink.add(new)
+        batches, self._pending = self._pending, []
+        assert self.run is not None
+        new = self.run.add_batch(RecordBatch.concat(batches))
+        if new.n:
+            for sink in self.sinks:
+                sink.add(new)
 
     def paused(self, ranks: list[int]) -> None:
         """The ranks stopped in a debugger now (pdb or the Debugger panel): to the sinks that show it (the
@@ -93,6 +101,7 @@ class RecordCollector:
                 show(ranks)
 
     def tick(self) -> None:
+        self.flush()
         for sink in self.sinks:
             sink.tick()
 
@@ -102,16 +111,19 @@ class RecordCollector:
         A rank whose end-of-cell message was not seen (it can come before the IOPub
         callbacks are attached, for a very short cell) is asked for its count directly.
         """
+        self.flush()
         unknown = [r for r in ranks if r not in self.done]
         if unknown:
             for rank, (cell, count) in zip(unknown, self.cluster.call("cell_count", ranks=unknown, timeout=10)):
                 self.cells[rank], self.done[rank] = cell, count
         fetched = 0
         for rank, count in self.done.items():
-            missing = missing_seqs(self.seqs.get(rank, ()), count)
+            missing = (self.run.missing_seqs(rank, self.cells[rank], count) if self.run is not None
+                       else list(range(count)))
             if missing:
                 recs = self.cluster.call("records", self.cells[rank], missing, ranks=[rank])[0]
                 self._add(recs)
+                self.flush()
                 fetched += len(recs)
                 if len(recs) < len(missing):
                     print(
@@ -123,6 +135,7 @@ class RecordCollector:
         return fetched
 
     def finish(self, status: str, error: str | None) -> None:
+        self.flush()
         if self.run is None:
             return
         self.run.ended = time.time()
