@@ -66,6 +66,7 @@ bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_cli.py --repeats 5
 	$(BIN)/python benchmarks/bench_tune.py --repeats 3
 	$(BIN)/python benchmarks/bench_debug.py
+	$(BIN)/python benchmarks/bench_scale.py
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"

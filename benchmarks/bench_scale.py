@@ -10,16 +10,19 @@ Four measurements, one table each, targets beside the figures:
    the kernel's own path (the pickled data messages decoded, one batch per poll, the run log
    written, ``KernelRuns`` and the memory budget): RSS after each run, with the default budget
    and with a 64 MiB one; then a released run read back.
-3. **Ingest**: the kernel's CPU per record on that path, in process (records/s one core
-   sustains); and end to end, a real kernel and 8 real CPU ranks each logging 20,000 steps as
+3. **Ingest**: the kernel's CPU per record on that path, in process (the messages encoded as the
+   ranks encode them; records/s one core sustains); and end to end, a real kernel and 8 real CPU ranks each logging 20,000 steps as
    fast as they can (the kernel's CPU over the cell, and the cell's wall time).
 4. **Live aggregation at 64/256/512 ranks**: synthetic records (no processes) at 10 logs/s per
    rank for 30 simulated seconds, fed to the live dashboard (``Dashboard.feed``/``update``, every
    0.25 s) exactly as the supervisor does: its CPU as a share of one core.
+5. **The run view at 512 ranks** (64 hosts) in JupyterLab and real Chromium, for a run being
+   written at 10 logs/s per rank: from Open to the heatmap drawn, the server's answer for the
+   view, and from records written to the view showing them.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--skip-kernel]
+    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--skip-kernel] [--skip-browser]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import json
 import os
 import pickle
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,14 +66,19 @@ def record(rank: int, step: int, full: bool) -> dict[str, Any]:
     return rec
 
 
-def messages(world: int, steps: int, batch: int = 50, full: bool = False) -> list[bytes]:
-    """The ranks' data messages as they arrive: each rank's batches, the ranks interleaved."""
+def messages(world: int, steps: int, batch: int = 50, full: bool = False, columns: bool = True) -> list[bytes]:
+    """The ranks' data messages as they arrive: each rank's batches, the ranks interleaved; encoded
+    as the ranks do (:func:`jdist.codec.encode_data`: the records as columns), or (``columns``
+    False) as pickled dicts, as before."""
+    from jdist.codec import encode_data
+
     per_rank = []
     for r in range(world):
         out = []
         for start in range(0, steps, batch):
-            recs = [record(r, s, full) for s in range(start, min(start + batch, steps))]
-            out.append(pickle.dumps({"v": 1, "kind": "records", "cell": 3, "records": recs}, protocol=5))
+            msg = {"v": 1, "kind": "records", "cell": 3,
+                   "records": [record(r, s, full) for s in range(start, min(start + batch, steps))]}
+            out.append(encode_data(msg) if columns else pickle.dumps(msg, protocol=5))
         per_rank.append(out)
     return [m for group in zip(*per_rank) for m in group]
 
@@ -93,10 +102,10 @@ def before_run_class() -> Any:
 
 
 def bytes_per_record(world: int, steps: int, full: bool) -> dict[str, Any]:
-    from jdist.metrics.store import RecordBatch
     from jdist.metrics import Run
+    from jdist.metrics.store import RecordBatch
 
-    msgs = messages(world, steps, full=full)
+    msgs = messages(world, steps, full=full, columns=False)
     n = world * steps
     out: dict[str, Any] = {"world": world, "steps": steps, "full": full}
     for label, make, add in (("now", lambda: Run("m", world),
@@ -127,6 +136,7 @@ RSS_SCRIPT = r"""
 import gc, json, os, pickle, sys, tempfile, time
 sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
 from bench_scale import messages
+from jdist.codec import decode_data
 from jdist.metrics import Run, budget
 from jdist.kernel import sinks
 from jdist.metrics.store import RecordBatch
@@ -148,9 +158,9 @@ for i in range({runs}):
         s.start(run)
     pending = []
     for k, m in enumerate(msgs):
-        pending.extend(pickle.loads(m)["records"])
+        pending.append(decode_data(m)["records"])
         if k % 40 == 39 or k == len(msgs) - 1:  # one batch per poll, as RecordCollector.flush
-            new = run.add_batch(RecordBatch.from_records(pending))
+            new = run.add_batch(RecordBatch.concat(pending))
             pending = []
             for s in made:
                 s.add(new)
@@ -183,9 +193,11 @@ def rss_over_runs(runs: int, steps: int, max_mb: float | None) -> dict[str, Any]
 
 
 def ingest_in_process(world: int, steps: int, full: bool) -> dict[str, Any]:
-    """The kernel's path for each record: decode, one batch per poll, add, run log."""
-    from jdist.metrics.store import RecordBatch
+    """The kernel's path for each record: the ranks' messages decoded, one batch per poll added to
+    the run, the run log written."""
+    from jdist.codec import decode_data
     from jdist.metrics import Run, RunLog
+    from jdist.metrics.store import RecordBatch
 
     msgs = messages(world, steps, full=full)
     n = world * steps
@@ -193,11 +205,11 @@ def ingest_in_process(world: int, steps: int, full: bool) -> dict[str, Any]:
     log = RunLog(run, tempfile.mkdtemp())
     per_poll = max(1, len(msgs) // max(1, n // 2000))  # ~2000 records a poll
     t0, c0 = time.perf_counter(), time.process_time()
-    pending: list[dict[str, Any]] = []
+    pending: list[RecordBatch] = []
     for k, m in enumerate(msgs):
-        pending.extend(pickle.loads(m)["records"])
+        pending.append(decode_data(m)["records"])
         if k % per_poll == per_poll - 1 or k == len(msgs) - 1:
-            log.append(run.add_batch(RecordBatch.from_records(pending)))
+            log.append(run.add_batch(RecordBatch.concat(pending)))
             pending = []
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     log.close()
@@ -292,6 +304,89 @@ def aggregation(world: int, seconds: float = 30.0, rate: float = 10.0) -> dict[s
     return {"world": world, "records": run.count(), "sim_s": t, "cpu_s": cpu, "core": cpu / t}
 
 
+# -- 5. the run view at 512 ranks in a real browser --------------------------------------------------
+
+BROWSER_TARGETS = {"first_paint_s": 2.0, "update_p90_s": 2.0}
+
+
+def browser_view(world: int = 512, hosts: int = 64, seconds: float = 20.0) -> dict[str, Any]:
+    """A running ``world``-rank run (the benchmark appends 5 steps of every rank each 0.5 s, 10 logs/s
+    per rank, with the kernel's run log) in JupyterLab's run view: from Open to the heatmap drawn;
+    the server's answer for the view (every panel of 512 ranks); and from records written to the
+    view showing them (it polls every second)."""
+    import urllib.request
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from labserver import JupyterServerProcess
+    from playwright.sync_api import sync_playwright
+
+    from jdist.metrics import Run, RunLog, new_run_id
+
+    chromium = Path(os.environ.get("JDIST_CHROMIUM", "/usr/bin/chromium"))
+    if not chromium.exists():
+        sys.exit(f"no chromium at {chromium}: run tools/install_chromium.sh (make test does)")
+    base = Path(tempfile.mkdtemp(prefix="jdist-bench-scale-"))
+    lab = JupyterServerProcess(base, app="lab", extra_args=["--LabApp.expose_app_in_browser=True"])
+    lab.start()
+    per_host = world // hosts
+    run = Run(new_run_id(), world, backend="ddp", hosts={r: f"node{r // per_host:03d}" for r in range(world)})
+    log = RunLog(run, lab.dirs["runs"])
+    step = 0
+
+    def append(steps: int) -> float:
+        nonlocal step
+        recs = [dict(record(r, s, full=True), seq=s, time=time.time()) for s in range(step, step + steps)
+                for r in range(world)]
+        log.append(run.add(recs))
+        step += steps
+        return time.time()
+
+    append(20)
+    out: dict[str, Any] = {"world": world, "hosts": hosts}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium), headless=True,
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1300})
+            page.goto(f"{lab.url}/lab?token={lab.token}")
+            page.locator("li.lm-TabBar-tab[data-id='jdist-sidebar']").click()
+            card = page.locator(f"#jdist-sidebar .jp-jdist-run[data-run-id='{run.run_id}']")
+            card.wait_for(timeout=60_000)
+            t0 = time.perf_counter()
+            card.locator(".jp-jdist-open").click()
+            page.locator(".jp-jdist-runview .jp-jdist-chart-step_heat image.jp-jdist-heat").wait_for(timeout=60_000)
+            out["first_paint_s"] = time.perf_counter() - t0
+            url = f"{lab.url}/jdist/api/runs/{run.run_id}?token={lab.token}"
+            lags, answers = [], []
+            body = b""
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                written = append(5)
+                count = run.count()
+                if len(lags) % 2:  # every other batch: the server's answer with the new records (not cached)
+                    a = time.perf_counter()
+                    with urllib.request.urlopen(url) as resp:
+                        body = resp.read()
+                    answers.append(time.perf_counter() - a)
+                page.wait_for_function("(n) => Number(document.querySelector('.jp-jdist-runview').dataset.records)"
+                                       " >= n", arg=count, timeout=30_000)
+                lags.append(time.time() - written)
+                time.sleep(max(0.0, 0.5 - (time.time() - written)))
+            out["detail_p50_s"] = statistics.median(answers)
+            out["detail_kib"] = len(body) / 1024
+            out["update_p50_s"] = statistics.median(lags)
+            out["update_p90_s"] = sorted(lags)[int(0.9 * (len(lags) - 1))]
+            out["records"] = run.count()
+            shots = ROOT / "build" / "screenshots"
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / "bench-run-view-512-ranks.png"))
+            browser.close()
+    finally:
+        log.close()
+        lab.stop()
+    return out
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 
@@ -299,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--skip-kernel", action="store_true", help="leave out the end-to-end run with a real kernel")
+    ap.add_argument("--skip-browser", action="store_true", help="leave out the run view in a real browser")
     args = ap.parse_args(argv)
     random.seed(0)
     res: dict[str, Any] = {}
@@ -356,6 +452,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  f"{'met' if a['core'] <= TARGETS['aggregation_512_core'] else 'MISSED'})" if world == 512 else ""
         print(f"   {world:4} ranks: {a['records']:>7,} records over {a['sim_s']:.0f} s: "
               f"{a['core']:.1%} of a core{target}")
+    if not args.skip_browser:
+        b = browser_view()
+        res["browser"] = b
+        print(f"\n5. The sidebar's run view of a running run, {b['world']} ranks on {b['hosts']} hosts, real Chromium")
+        print(f"   Open -> heatmap drawn: {b['first_paint_s']:.2f} s (target <= {BROWSER_TARGETS['first_paint_s']} s: "
+              f"{'met' if b['first_paint_s'] <= BROWSER_TARGETS['first_paint_s'] else 'MISSED'})")
+        print(f"   the server's answer for the view (every panel): p50 {b['detail_p50_s'] * 1e3:.0f} ms, "
+              f"{b['detail_kib']:.0f} KiB")
+        print(f"   records written -> shown (the view polls every 1 s): p50 {b['update_p50_s']:.2f} s, p90 "
+              f"{b['update_p90_s']:.2f} s (target <= {BROWSER_TARGETS['update_p90_s']} s: "
+              f"{'met' if b['update_p90_s'] <= BROWSER_TARGETS['update_p90_s'] else 'MISSED'}); "
+              f"{b['records']:,} records")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res

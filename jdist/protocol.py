@@ -454,7 +454,39 @@ class BarPanel(TypedDict):
     series: list[BarSeries]
 
 
-Panel = Union[LinePanel, BarPanel]
+class HeatmapPanel(TypedDict):
+    """A value per row (a rank) and column (a range of steps), as colour. ``cells``: base64 of one
+    byte per cell, row by row: 0..254 from ``low`` to ``high`` (linear), 255 no value; ``x``: the
+    last step of each column; ``groups``: the rows' hosts, each ``[host, first row, rows]``
+    (empty on one host); ``colors``: the colour scale from ``low`` to ``high``, evenly spaced
+    stops to interpolate between."""
+
+    key: str
+    kind: Literal["heatmap"]
+    title: str
+    unit: str
+    x_title: str
+    rows: list[str]
+    groups: list[tuple[str, int, int]]
+    x: list[float]
+    cells: str
+    low: float | None
+    high: float | None
+    colors: list[str]
+
+
+class TablePanel(TypedDict):
+    """Rows of text under column titles (the slowest ranks); ``note``: a line under them."""
+
+    key: str
+    kind: Literal["table"]
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str
+
+
+Panel = Union[LinePanel, BarPanel, HeatmapPanel, TablePanel]
 
 
 class RunDetailModel(RunHeadModel):
@@ -544,7 +576,7 @@ class DashboardHead(TypedDict):
 #: The REST models, in the order the TypeScript file declares them.
 REST_MODELS: tuple[Any, ...] = (
     RankModel, OptionModel, ClusterModel, ClustersReply, SparkModel, RunHeadModel, RunSummaryModel, RunsReply,
-    LineSeries, LinePanel, BarSeries, BarPanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead, SweepSummaryModel, SweepsReply,
+    LineSeries, LinePanel, BarSeries, BarPanel, HeatmapPanel, TablePanel, RunDetailModel, ActionResult, LiveLine, LivePoints, DashboardHead, SweepSummaryModel, SweepsReply,
     SweepDetailModel,
 )
 #: Type aliases of the REST models: (TypeScript name, Python type).

@@ -7,9 +7,10 @@ Playwright; JupyterLab on 127.0.0.1 with a token, its own config/data/runtime/IP
 with 2 busy ranks and the run with a growing sparkline, that the run view draws the dashboard's
 charts live, that Interrupt in the sidebar stops the training (the cell reports the interrupt,
 the ranks are idle again), that the notebook dashboard rendered, that a ``jdist.tune`` sweep
-is listed in the sidebar while it runs and its view opens, and that JupyterLab's Debugger panel stops
-rank 1 of a ``%%distributed`` cell at a gutter breakpoint with its stack and variables. Screenshots go to
-``build/screenshots/``.
+is listed in the sidebar while it runs and its view opens, that JupyterLab's Debugger panel stops
+rank 1 of a ``%%distributed`` cell at a gutter breakpoint with its stack and variables, and that the run
+view of a 256-rank run (written with the kernel's run log) shows the large-world panels: the slowest
+ranks with their hosts, rank × step heatmaps grouped by host. Screenshots go to ``build/screenshots/``.
 """
 
 from __future__ import annotations
@@ -351,3 +352,67 @@ def _scenario(lab, page) -> None:
     if errors:
         print("page errors outside the jdist extension:", *errors, sep="\n")
     print(f"browser test: {time.monotonic() - t0:.1f} s")
+
+
+def wide_run(run_dir: Path, world: int = 256, steps: int = 120) -> str:
+    """A finished run of ``world`` ranks on 32 hosts, written with the kernel's own run log:
+    rank 37 (node04) is 60% slower than the median, host node20's other ranks 25%."""
+    from jdist.metrics import Run, RunLog, new_run_id
+
+    hosts = {r: f"node{r // 8:02d}" for r in range(world)}
+    run = Run(new_run_id(), world, backend="ddp", hosts=hosts, code="# 256 synthetic ranks", started=time.time() - 60)
+    log = RunLog(run, run_dir)
+    for start in range(0, steps, 20):
+        recs = []
+        for s in range(start, start + 20):
+            for r in range(world):
+                slow = 1.6 if r == 37 else 1.25 if hosts[r] == "node20" else 1.0
+                step_t = 0.1 * slow * (1 + 0.02 * ((r * 7 + s) % 5))
+                recs.append({"rank": r, "cell": 1, "seq": s, "step": s, "time": run.started + s * 0.12,
+                             "loss": 2.0 / (s + 1) + (r % 8) / 100, "step_time_s": 3.0 if s == 0 else step_t,
+                             "comm_time_s": step_t * (0.1 if r == 37 else 0.35), "mem_bytes": (900 + r) * 2**20,
+                             "mem_peak_bytes": (1200 + r) * 2**20})
+        log.append(run.add(recs))
+    run.status, run.ended = "finished", time.time()
+    log.close()
+    return run.run_id
+
+
+@pytest.mark.timeout(300)
+def test_a_256_rank_run_reads_in_the_run_view(lab, browser):
+    """The run view of a 256-rank run: the ranks' step-time distribution, per-host memory, the
+    slowest ranks with their hosts, and rank × step heatmaps grouped by host."""
+    run_id = wide_run(lab.dirs["runs"])
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    try:
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        page.wait_for_function("() => window.jupyterapp && document.querySelector(\"li.lm-TabBar-tab[data-id='jdist-sidebar']\")",
+                               timeout=90_000)
+        # open the sidebar (the workspace may have it open already: a click on its tab would close it)
+        page.wait_for_function("() => { window.jupyterapp.shell.activateById('jdist-sidebar');"
+                               " const s = document.querySelector('#jdist-sidebar'); return s && s.offsetParent; }",
+                               timeout=30_000, polling=500)
+        card = page.locator(f"#jdist-sidebar .jp-jdist-run[data-run-id='{run_id}']")
+        card.wait_for(timeout=60_000)
+        card.locator(".jp-jdist-open").click()
+        view = page.locator(".jp-jdist-runview")
+        view.locator(".jp-jdist-chart-step_heat image.jp-jdist-heat").wait_for(timeout=30_000)
+        heat = view.locator(".jp-jdist-chart-step_heat image.jp-jdist-heat")
+        assert heat.get_attribute("data-rows") == "256" and int(heat.get_attribute("data-columns")) == 60
+        assert heat.get_attribute("href").startswith("data:image/png")
+        groups = view.locator(".jp-jdist-chart-step_heat text.jp-jdist-heat-group").all_text_contents()
+        assert groups == [f"node{h:02d}" for h in range(32)]
+        rows = view.locator(".jp-jdist-chart-slowest g.jp-jdist-table-row")
+        assert rows.count() == 8
+        first = rows.first.locator("text").all_text_contents()
+        assert first[:2] == ["r37", "node04"] and first[3] == "+60%", first
+        assert {rows.nth(i).locator("text").nth(1).text_content() for i in range(1, 8)} == {"node20"}
+        assert "slowest host node20" in view.locator(".jp-jdist-chart-slowest .jp-jdist-table-note").text_content()
+        assert view.locator(".jp-jdist-chart-time path.jp-jdist-band").count() == 2  # step time and communication
+        assert view.locator(".jp-jdist-chart-memory .jp-jdist-tick").all_text_contents()[-1].startswith("node")
+        assert view.locator(".jp-jdist-chart-comm_heat image.jp-jdist-heat").get_attribute("data-rows") == "256"
+        view.locator(".jp-jdist-chart-slowest").scroll_into_view_if_needed()
+        settle(page)
+        shot(page, "8-run-view-256-ranks.png")
+    finally:
+        page.close()

@@ -469,7 +469,8 @@ def test_every_panel_is_drawn_by_every_view_from_one_definition():
     """A panel is data: the live widget and the static SVG draw each panel of PANELS by its kind."""
     run = make_run()
     drawn = panels(run)
-    assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput", "state"] and len(drawn) == len(PANELS)
+    assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput", "state"]
+    assert len(PANELS) == 8  # the last three only beyond 16 ranks (the tests below)
     d = Dashboard(run)
     d.update(force=True)
     def heads(ps):
@@ -524,3 +525,110 @@ def test_a_line_panel_with_two_series_is_drawn_whole_by_every_view():
     assert lines == {"loss": "10", "val_loss": "5"}
     assert "\n  val_loss: 1.1 (mean over ranks, range 1.1..1.1) at step 9" in run.summary()
     d.finish()
+
+
+# -- beyond 16 ranks: distributions, heatmaps, hosts, the slowest ranks ---------------------------
+
+WIDE, HOSTS = 64, 8
+
+
+def wide_run(steps: int = 40, world: int = WIDE) -> Run:
+    """``world`` ranks on 8 hosts (8 each); rank 37 is 60% slower than the median, host node05's
+    other ranks 25%; rank 37 communicates less (it is the one the others wait for)."""
+    hosts = {r: f"node{r * HOSTS // world:02d}" for r in range(world)}
+    run = Run("wide", world, hosts=hosts)
+    recs = []
+    for s in range(steps):
+        for r in range(world):
+            slow = 1.6 if r == 37 else 1.25 if hosts[r] == "node05" else 1.0
+            step_t = 0.1 * slow * (1 + 0.01 * ((r * 7 + s) % 5))
+            recs.append({"rank": r, "seq": s, "step": s, "time": 1000.0 + s, "loss": 1.0 / (s + 1) + r / 1000,
+                         "step_time_s": 5.0 if s == 0 else step_t, "comm_time_s": step_t * (0.1 if r == 37 else 0.4),
+                         "mem_bytes": (100 + r) * MIB, "mem_peak_bytes": (200 + r) * MIB})
+    run.add(recs)
+    return run
+
+
+def heat_bytes(p: dict) -> list[list[int]]:
+    import base64
+
+    raw = base64.b64decode(p["cells"])
+    cols = len(p["x"])
+    return [list(raw[i * cols:(i + 1) * cols]) for i in range(len(p["rows"]))]
+
+
+def test_beyond_16_ranks_the_slowest_ranks_table_names_the_stragglers_and_their_hosts():
+    run = wide_run()
+    table = panel(run, "slowest")
+    assert table["kind"] == "table" and table["columns"] == ["rank", "host", "step time", "vs median", "communication"]
+    first, *rest = table["rows"]
+    assert first[:2] == ["r37", "node04"] and first[3] == "+60%" and first[4] == "10%"
+    assert {row[1] for row in rest} == {"node05"} and all(row[3] == "+25%" for row in rest)
+    assert "slowest host node05: +25% on average" in table["note"] and "over 64 ranks" in table["note"]
+    assert "slowest rank 37 node04 " in run.summary() and "(+60%)" in run.summary()
+
+
+def test_beyond_16_ranks_the_heatmaps_show_each_rank_by_host_with_its_first_step_left_out():
+    run = wide_run()
+    heat = panel(run, "step_heat")
+    assert heat["kind"] == "heatmap" and heat["rows"] == [f"r{r}" for r in range(WIDE)]
+    assert heat["groups"] == [[f"node{h:02d}", 8 * h, 8] for h in range(HOSTS)]
+    cells = heat_bytes(heat)
+    assert heat["x"] == list(range(40))  # 40 steps: a column each
+    assert heat["high"] == pytest.approx(0.1 * 1.6 * 1.04) and heat["low"] == pytest.approx(0.1)  # not the 5 s set-up
+    assert all(row[0] == 255 for row in cells)  # the first step: no value
+    assert min(cells[37][1:]) > 220 and max(max(row[1:]) for row in cells[:32]) < 20  # rank 37 stands out
+    assert min(min(row[1:]) for row in cells[40:48]) > 90  # node05's ranks: brighter than the rest
+    comm = heat_bytes(panel(run, "comm_heat"))
+    assert max(comm[37][1:]) == 0 and min(min(row[1:]) for row in comm[:37]) == 254  # rank 37 waits least
+
+
+def test_beyond_16_ranks_time_is_a_distribution_and_memory_is_per_host():
+    run = wide_run()
+    time_p = panel(run, "time")
+    assert time_p["kind"] == "line" and [s["name"] for s in time_p["series"]] == ["step time", "communication"]
+    step = time_p["series"][0]
+    assert step["x"][0] == 0 and step["y"][0] is None  # every rank's first step (the set-up) left out
+    assert step["y"][5] == pytest.approx(0.1 * (1 + 0.01 * 2), rel=0.03) and step["high"][5] > 0.16
+    memory = panel(run, "memory")
+    assert memory["categories"] == [f"node{h:02d}" for h in range(HOSTS)]
+    assert memory["series"][0]["values"][-1] == pytest.approx(100 + 63)  # the highest rank of node07
+    small = wide_run(world=16)
+    assert [p["key"] for p in panels(small)] == ["loss", "time", "memory", "throughput", "state"]
+    assert panel(small, "time")["kind"] == "bars" and len(panel(small, "memory")["categories"]) == 16
+
+
+def test_the_wide_panels_are_drawn_by_the_live_widget_and_the_static_svg():
+    run = wide_run()
+    d = Dashboard(run)
+    d.update(force=True)
+    assert [p["key"] for p in d.widget.layout][-3:] == ["slowest", "step_heat", "comm_heat"]
+    for key in ("slowest", "step_heat", "comm_heat", "memory"):
+        assert whole(d, key) == panel(run, key)
+    drawn = svg_panels(render_svg(run))
+    image = next(drawn["step_heat"].iter(f"{SVG}image"))
+    assert (image.get("data-rows"), image.get("data-columns")) == ("64", str(len(panel(run, "step_heat")["x"])))
+    assert image.get("href").startswith("data:image/png;base64,iVBORw0KGgo")
+    ranks = [g.get("data-rank") for g in drawn["slowest"].iter(f"{SVG}g") if g.get("data-rank")]
+    assert ranks[0] == "r37" and len(ranks) == 8
+    d.finish()
+
+
+def test_heatmap_columns_kept_between_updates_equal_a_fresh_computation():
+    """The live view adds steps a few at a time: the kept columns, widened as the run grows, give
+    what the finished run computes at once."""
+    full = wide_run(steps=300, world=20)
+    grown = Run("grown", 20, hosts=full.hosts)
+    recs = [r for r in wide_run(steps=300, world=20).records]
+    by_step: dict[int, list[dict]] = {}
+    for r in recs:
+        by_step.setdefault(r["step"], []).append({**r, "seq": r["step"]})
+    for s in range(300):
+        grown.add(by_step[s])
+        if s % 37 == 0:
+            grown.bucket_means("step_time_s")
+            grown.bucket_means("comm_time_s", over="step_time_s")
+    for metric, over in (("step_time_s", None), ("comm_time_s", "step_time_s")):
+        a, b = grown.bucket_means(metric, over), full.bucket_means(metric, over)
+        assert a[0] == b[0] and a[1] == b[1]
+        assert a[2] == pytest.approx(b[2], nan_ok=True)

@@ -201,6 +201,10 @@ def _empty(d: PanelDef) -> Panel:
             LineSeries(name=s.name, color=s.color, x=[], y=[], low=[] if s.band else None, high=[] if s.band else None)
             for s in d.series])
     p = d.panel
+    if p["kind"] == "heatmap":
+        return {**p, "rows": [], "groups": [], "x": [], "cells": "", "low": None, "high": None}  # type: ignore[return-value]
+    if p["kind"] == "table":
+        return {**p, "rows": [], "note": ""}  # type: ignore[return-value]
     return BarPanel(key=p["key"], kind="bars", title=p["title"], unit=p["unit"], stacked=p["stacked"], categories=[],
                     series=[BarSeries(name=s["name"], color=s["color"], values=[], labels=s["labels"])
                             for s in p["series"]])

@@ -31,15 +31,17 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import numpy as np
 
-from jdist.protocol import BarPanel, BarSeries, LinePanel, LineSeries, Panel, SparkModel
+from jdist.protocol import BarPanel, BarSeries, HeatmapPanel, LinePanel, LineSeries, Panel, SparkModel, TablePanel
 
 from .stats import finite, is_number, mean_min_max, row_stats
 
@@ -56,6 +58,16 @@ SPARK_POINTS = 60
 #: communication, peak memory and validation in orange; model+optimizer state in green.
 BLUE, ORANGE, GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 TIME_TITLE = f"time per step (s), last {RECENT_STEPS} steps"
+#: Up to this many ranks the panels draw a bar per rank; beyond it, the ranks' distribution per
+#: step, per host bars, heatmaps (rank × step) and the slowest ranks.
+BARS_UP_TO = 16
+SPREAD_TITLE = "time per step across ranks (s)"
+#: Columns of a heatmap (at most; each a power of two steps wide).
+HEAT_COLUMNS = 60
+#: Ranks in the slowest-ranks table.
+SLOWEST = 8
+#: A heatmap's colour scale, low to high (evenly spaced stops; a perceptually even blue-yellow scale).
+HEAT_COLORS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]
 _MIB = 2**20
 
 
@@ -112,10 +124,11 @@ class LineDef:
 
 @dataclass(frozen=True)
 class BarDef:
-    """A bar panel as a definition: the :class:`~jdist.protocol.BarPanel` drawn, plus its summary
-    lines and its sparkline."""
+    """A panel computed whole as a definition: the :class:`~jdist.protocol.BarPanel` (or a
+    :class:`~jdist.protocol.HeatmapPanel`, :class:`~jdist.protocol.TablePanel`) drawn, plus its
+    summary lines and its sparkline."""
 
-    panel: BarPanel
+    panel: BarPanel | HeatmapPanel | TablePanel
     summary: SummaryFn | None = None
     spark: Spark | None = None
 
@@ -149,6 +162,18 @@ def mean_band(step: Any, values: dict[int, float], prev: Any) -> tuple[float, fl
     (2.0, 1.0, 3.0)
     """
     return mean_min_max(values.values())
+
+
+def median_band(step: Any, values: dict[int, float], prev: Any) -> tuple[float, float, float]:
+    """Median over the ranks, with their min and max (NaN left out).
+
+    >>> median_band(0, {0: 1.0, 1: 5.0, 2: 2.0}, None)
+    (2.0, 1.0, 5.0)
+    """
+    vals = [v for v in values.values() if not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan, math.nan
+    return statistics.median(vals), min(vals), max(vals)
 
 
 def rate_of_slowest(step: Any, values: dict[int, float], prev: Any) -> tuple[float, None, None] | None:
@@ -225,6 +250,16 @@ def line_points(run: Run, series: SeriesDef, steps: Sequence[Any], prev: Any = N
 def _mean_band_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
     mean, low, high = row_stats(values)
     return np.ones(len(at), dtype=bool), mean, low, high
+
+
+def _median_band_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
+    _, low, high = row_stats(values)
+    if not values.shape[1]:
+        return np.ones(len(at), dtype=bool), low, low, high
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row without values: NaN
+        median = np.nanmedian(values, axis=1)
+    return np.ones(len(at), dtype=bool), median, low, high
 
 
 def _total_rows(at: np.ndarray, values: np.ndarray, before: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -399,10 +434,17 @@ def loss_panel(run: Run) -> LineDef:
                    spark=Spark(label=name or "loss", series=train))
 
 
-def time_panel(run: Run) -> BarDef:
+def time_panel(run: Run) -> PanelDef:
     """Per rank, compute and communication time per step over the last steps (stacked); in the
-    summary, each rank's step and communication time over the run."""
+    summary, each rank's step and communication time over the run. Beyond :data:`BARS_UP_TO`
+    ranks: their distribution per step instead (median, min–max), and the summary names the slowest."""
+    spark = Spark(label="step time", series=SeriesDef("step time", ORANGE, "step_time_s", mean_band), unit="s")
     ranks = _ranks(run)
+    if len(ranks) > BARS_UP_TO:
+        return LineDef(key="time", title=SPREAD_TITLE, x_title="step", series=(
+            SeriesDef("step time", ORANGE, "step_time_s", median_band, band=True, skip_first=True),
+            SeriesDef("communication", GREEN, "comm_time_s", median_band, band=True, skip_first=True)),
+            summary=_spread_summary, spark=spark)
     step_t = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     comm_t = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
     compute_t = run.per_rank_mean("compute_time_s", last=RECENT_STEPS, skip_first=True)
@@ -420,8 +462,27 @@ def time_panel(run: Run) -> BarDef:
                          BarSeries(name="communication", color=ORANGE, values=finite([comm_t.get(r) for r in ranks]),
                                    labels=False),
                      ])
-    return BarDef(panel, summary=_time_summary,
-                  spark=Spark(label="step time", series=SeriesDef("step time", ORANGE, "step_time_s", mean_band), unit="s"))
+    return BarDef(panel, summary=_time_summary, spark=spark)
+
+
+def _spread_summary(run: Run) -> list[str]:
+    """The ranks' median step time over the run and the slowest ranks, how much slower."""
+    step = run.per_rank_mean("step_time_s", skip_first=True)
+    if not step:
+        return []
+    median = statistics.median(step.values())
+    slow = sorted(step, key=step.__getitem__, reverse=True)[:3]
+    return [f"step time over {len(step)} ranks: median {median * 1e3:.1f} ms, slowest " + ", ".join(
+        f"{rank_label(run, r)} {step[r] * 1e3:.1f} ms ({_slower(step[r], median)})" for r in slow)]
+
+
+def _slower(value: float, median: float) -> str:
+    """How much ``value`` is above ``median``: "+12%".
+
+    >>> _slower(1.5, 1.0), _slower(1.0, 1.0)
+    ('+50%', '+0%')
+    """
+    return f"{(value / median - 1) * 100:+.0f}%" if median > 0 else "-"
 
 
 def _time_summary(run: Run) -> list[str]:
@@ -435,12 +496,15 @@ def _time_summary(run: Run) -> list[str]:
 
 def memory_panel(run: Run) -> BarDef:
     """Per rank, memory now and at its peak, and the model+optimizer state it holds; in the
-    summary, each rank's peak memory and state."""
+    summary, each rank's peak memory and state. Beyond :data:`BARS_UP_TO` ranks: per host, the
+    highest of its ranks."""
     ranks = _ranks(run)
-    latest = [run.latest(r) or {} for r in ranks]
     title = "GPU memory (MiB)" if run.device_kind == "cuda" else "host memory RSS (MiB)"
+    categories, latest = _by_host(run, ranks)
+    if len(categories) != len(ranks):
+        title = title.replace(" (MiB)", ", highest rank per host (MiB)")
     panel = BarPanel(key="memory", kind="bars", title=title, unit="MiB", stacked=False,
-                     categories=[rank_label(run, r) for r in ranks], series=[
+                     categories=categories, series=[
                          BarSeries(name="current", color=BLUE, values=[_mib(rec.get("mem_bytes")) for rec in latest],
                                    labels=False),
                          BarSeries(name="peak", color=ORANGE, values=[_mib(rec.get("mem_peak_bytes")) for rec in latest],
@@ -452,8 +516,28 @@ def memory_panel(run: Run) -> BarDef:
     return BarDef(panel, summary=_memory_summary)
 
 
+def _by_host(run: Run, ranks: list[int]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Bar categories and the record each shows: a rank's latest, or beyond :data:`BARS_UP_TO`
+    ranks one per host with each value the highest of its ranks' latest."""
+    latest = [run.latest(r) or {} for r in ranks]
+    if len(ranks) <= BARS_UP_TO:
+        return [rank_label(run, r) for r in ranks], latest
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r, rec in zip(ranks, latest):
+        groups.setdefault(run.hosts.get(r, ""), []).append(rec)
+    cats, recs = [], []
+    for host, members in groups.items():
+        cats.append(host or f"all {len(members)} ranks")
+        keys = {k for rec in members for k in rec}
+        recs.append({k: max((rec[k] for rec in members if is_number(rec.get(k))), default=None) for k in keys})
+    return cats, recs
+
+
 def _memory_summary(run: Run) -> list[str]:
-    """Each rank's peak memory and the model+optimizer state it holds."""
+    """Each rank's peak memory and the model+optimizer state it holds (beyond :data:`BARS_UP_TO`
+    ranks: the highest and the median)."""
+    if len(run.ranks) > BARS_UP_TO:
+        return _spread_lines(run, (("peak memory", "mem_peak_bytes"), ("model + optimizer state", "state_bytes")))
     lines = []
     peak = {r: (run.latest(r) or {}).get("mem_peak_bytes") for r in run.ranks}
     if any(peak.values()):
@@ -475,9 +559,11 @@ def state_panel(run: Run) -> BarDef:
     shards under FSDP and ZeRO, so DDP, FSDP and ZeRO stages compare at a glance); in the summary,
     each rank's breakdown."""
     ranks = _ranks(run)
-    latest = [run.latest(r) or {} for r in ranks]
-    panel = BarPanel(key="state", kind="bars", title="training state per rank (MiB)", unit="MiB", stacked=True,
-                     categories=[rank_label(run, r) for r in ranks], series=[
+    categories, latest = _by_host(run, ranks)
+    title = "training state per rank (MiB)" if len(categories) == len(ranks) else \
+        "training state, highest rank per host (MiB)"
+    panel = BarPanel(key="state", kind="bars", title=title, unit="MiB", stacked=True,
+                     categories=categories, series=[
                          BarSeries(name=name, color=color, values=[_mib(rec.get(metric)) for rec in latest], labels=True)
                          for name, metric, color in STATE_PARTS])
     return BarDef(panel, summary=_state_summary)
@@ -493,12 +579,146 @@ def _state_summary(run: Run) -> list[str]:
     >>> _state_summary(run)
     ['training state (parameters / gradients / optimizer): r0 2.0 MiB / 1.0 MiB / 2.0 MiB, r1 1.0 MiB / 1.0 MiB / 2.0 MiB']
     """
+    if len(run.ranks) > BARS_UP_TO:
+        return _spread_lines(run, tuple((f"{name} per rank", metric) for name, metric, _ in STATE_PARTS))
     parts = {r: [(run.latest(r) or {}).get(metric) for _, metric, _ in STATE_PARTS] for r in run.ranks}
     shown = {r: v for r, v in parts.items() if any(is_number(x) for x in v)}
     if not shown:
         return []
     return ["training state (parameters / gradients / optimizer): " + ", ".join(
         f"r{r} " + " / ".join(_size(x) if is_number(x) else "-" for x in v) for r, v in shown.items())]
+
+
+def _spread_lines(run: Run, metrics: Sequence[tuple[str, str]]) -> list[str]:
+    """Per metric of the ranks' latest records: the highest (which rank) and the median, in bytes."""
+    lines = []
+    for label, metric in metrics:
+        values = {r: v for r in run.ranks if is_number(v := (run.latest(r) or {}).get(metric))}
+        if values:
+            top = max(values, key=values.__getitem__)
+            lines.append(f"{label}: highest {rank_label(run, top)} {_size(values[top])}, "
+                         f"median {_size(statistics.median(values.values()))}")
+    return lines
+
+
+def host_order(run: Run) -> tuple[list[int], list[tuple[str, int, int]]]:
+    """The ranks grouped by host (hosts in order of their lowest rank), and the groups as
+    ``(host, first row, rows)`` (none when the ranks share one host).
+
+    >>> from jdist.metrics import Run
+    >>> host_order(Run("x", 4, hosts={0: "a", 1: "b", 2: "a", 3: "b"}))
+    ([0, 2, 1, 3], [('a', 0, 2), ('b', 2, 2)])
+    """
+    ranks = _ranks(run)
+    if not run.hosts:
+        return ranks, []
+    hosts = list(dict.fromkeys(run.hosts.get(r, "?") for r in ranks))
+    order = sorted(ranks, key=lambda r: (hosts.index(run.hosts.get(r, "?")), r))
+    groups, row = [], 0
+    for host in hosts:
+        count = sum(1 for r in order if run.hosts.get(r, "?") == host)
+        groups.append((host, row, count))
+        row += count
+    return order, groups
+
+
+def heat_cells(run: Run, metric: str, over: str | None = None, columns: int = HEAT_COLUMNS
+               ) -> tuple[list[int], list[Any], np.ndarray]:
+    """A rank × step grid of ``metric`` (divided by ``over`` when given: the communication share),
+    for :func:`heatmap_panel`: the ranks (grouped by host), each column's last step, and the mean
+    per (rank, column) (NaN: none), from :meth:`Run.bucket_means <jdist.metrics.Run.bucket_means>`."""
+    order, _ = host_order(run)
+    ranks, last, means = run.bucket_means(metric, over, columns)
+    col_of = {rank: j for j, rank in enumerate(ranks)}
+    grid = np.full((len(order), len(last)), np.nan)
+    for i, rank in enumerate(order):
+        j = col_of.get(rank)
+        if j is not None:
+            grid[i] = means[:, j]
+    return order, last, grid
+
+
+def heatmap_panel(run: Run, key: str, title: str, metric: str, over: str | None = None, unit: str = "s") -> BarDef:
+    """A :class:`~jdist.protocol.HeatmapPanel` of :func:`heat_cells`: colour from the lowest mean
+    to the highest (each rank's first step, the set-up, is left out)."""
+    order, last, grid = heat_cells(run, metric, over)
+    _, groups = host_order(run)
+    finite_cells = grid[~np.isnan(grid)]
+    low = float(finite_cells.min()) if finite_cells.size else None
+    high = float(finite_cells.max()) if finite_cells.size else None
+    if low is not None and high is not None and not high > low:
+        high = low + (abs(low) or 1.0) * 1e-6
+    if low is None or high is None:
+        cells = np.full(grid.shape, 255, dtype=np.uint8)
+    else:
+        scaled = np.clip((grid - low) / (high - low) * 254, 0, 254)
+        cells = np.where(np.isnan(grid), 255, np.round(np.nan_to_num(scaled))).astype(np.uint8)
+    return BarDef(HeatmapPanel(key=key, kind="heatmap", title=title, unit=unit, x_title="step",
+                               rows=[f"r{r}" for r in order], groups=[list(g) for g in groups],  # type: ignore[misc]
+                               x=last, cells=base64.b64encode(cells.tobytes()).decode(), low=low, high=high,
+                               colors=list(HEAT_COLORS)))
+
+
+def step_heatmap_panel(run: Run) -> BarDef | None:
+    """Beyond :data:`BARS_UP_TO` ranks: each rank's step time over the run, as colour (stragglers
+    are the bright rows; a host's ranks together)."""
+    if len(_ranks(run)) <= BARS_UP_TO:
+        return None
+    return heatmap_panel(run, "step_heat", "step time per rank (s), rank × step", "step_time_s")
+
+
+def comm_heatmap_panel(run: Run) -> BarDef | None:
+    """Beyond :data:`BARS_UP_TO` ranks: each rank's share of its step spent communicating, as colour
+    (a rank that waits on the others communicates longer)."""
+    if len(_ranks(run)) <= BARS_UP_TO or not run.has("comm_time_s"):
+        return None
+    return heatmap_panel(run, "comm_heat", "communication share per rank, rank × step", "comm_time_s",
+                         over="step_time_s", unit="")
+
+
+def slowest_ranks(run: Run, count: int = SLOWEST) -> list[tuple[int, str, float, float, float | None]]:
+    """The ``count`` slowest ranks over the last :data:`RECENT_STEPS` steps, slowest first:
+    ``(rank, host, step time s, times the median, communication share)``.
+
+    >>> from jdist.metrics import Run
+    >>> run = Run("x", 3, hosts={0: "a", 1: "a", 2: "b"})
+    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "step_time_s": 0.1 * (1 + (r == 2))}
+    ...              for s in range(3) for r in range(3)])
+    >>> slowest_ranks(run, 2)
+    [(2, 'b', 0.2, 2.0, None), (0, 'a', 0.1, 1.0, None)]
+    """
+    step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
+    if not step:
+        return []
+    comm = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
+    median = statistics.median(step.values())
+    slow = sorted(step, key=lambda r: (-step[r], r))[:count]
+    return [(r, run.hosts.get(r, ""), step[r], step[r] / median if median > 0 else math.nan,
+             comm[r] / step[r] if r in comm and step[r] > 0 else None) for r in slow]
+
+
+def slowest_panel(run: Run) -> BarDef | None:
+    """Beyond :data:`BARS_UP_TO` ranks: the slowest ranks, their host and how much slower than the
+    median they are, and the slowest host (the straggler view)."""
+    if len(_ranks(run)) <= BARS_UP_TO:
+        return None
+    slow = slowest_ranks(run)
+    step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
+    note = ""
+    if step:
+        median = statistics.median(step.values())
+        note = f"median {median * 1e3:.1f} ms over {len(step)} ranks, last {RECENT_STEPS} steps"
+        by_host: dict[str, list[float]] = {}
+        for r, v in step.items():
+            by_host.setdefault(run.hosts.get(r, ""), []).append(v)
+        if len(by_host) > 1:
+            host, values = max(by_host.items(), key=lambda kv: statistics.mean(kv[1]))
+            note += f"; slowest host {host}: {_slower(statistics.mean(values), median)} on average"
+    rows = [[f"r{r}", host or "-", f"{t * 1e3:.1f} ms", _slower(ratio, 1.0) if ratio == ratio else "-",
+             f"{share:.0%}" if share is not None else "-"] for r, host, t, ratio, share in slow]
+    return BarDef(TablePanel(key="slowest", kind="table", title="slowest ranks",
+                             columns=["rank", "host", "step time", "vs median", "communication"], rows=rows,
+                             note=note))
 
 
 def throughput_panel(run: Run) -> LineDef:
@@ -513,11 +733,15 @@ def throughput_panel(run: Run) -> LineDef:
 
 
 #: jdist's panels, in the order the views lay them out (two per row); plugins' follow (:func:`all_panels`).
-PANELS: tuple[Callable[[Run], PanelDef], ...] = (loss_panel, time_panel, memory_panel, throughput_panel, state_panel)
+PANELS: tuple[Callable[[Run], PanelDef | None], ...] = (
+    loss_panel, time_panel, memory_panel, throughput_panel, state_panel, slowest_panel, step_heatmap_panel,
+    comm_heatmap_panel)
 
 
-def all_panels() -> tuple[Callable[[Run], PanelDef], ...]:
-    """jdist's panels, then those of installed panel plugins (entry point group ``jdist.panels``)."""
+def all_panels() -> tuple[Callable[[Run], PanelDef | None], ...]:
+    """jdist's panels, then those of installed panel plugins (entry point group ``jdist.panels``).
+    A panel's function returns ``None`` for a run it has nothing to show for (the large-world
+    panels at up to :data:`BARS_UP_TO` ranks)."""
     from jdist.plugins import panel_plugins
 
     return (*PANELS, *panel_plugins())
@@ -525,7 +749,7 @@ def all_panels() -> tuple[Callable[[Run], PanelDef], ...]:
 
 def definitions(run: Run) -> list[PanelDef]:
     """Every panel's definition for ``run``'s current records."""
-    return [build(run) for build in all_panels()]
+    return [d for build in all_panels() if (d := build(run)) is not None]
 
 
 def to_panel(run: Run, d: PanelDef) -> Panel:
@@ -584,10 +808,11 @@ def sparks(run: Run, max_points: int = SPARK_POINTS) -> list[SparkModel]:
 
 #: jdist's point functions, each computed for many steps at once (same results as the function).
 _VECTOR: dict[Any, Callable[..., tuple[np.ndarray, ...]]] = {
-    mean_band: _mean_band_rows, total: _total_rows, rate_of_slowest: _rate_rows}
+    mean_band: _mean_band_rows, median_band: _median_band_rows, total: _total_rows, rate_of_slowest: _rate_rows}
 
 
 __all__ = [
+    "BARS_UP_TO",
     "BLUE",
     "GREEN",
     "MAX_POINTS",
@@ -608,10 +833,14 @@ __all__ = [
     "line_panel",
     "line_points",
     "loss_metric",
+    "heat_cells",
+    "host_order",
     "mean_band",
+    "median_band",
     "panels",
     "rate_of_slowest",
     "seconds_per_step",
+    "slowest_ranks",
     "sparks",
     "steps_done",
     "summary",

@@ -148,6 +148,7 @@ class Run:
         self._first_step: dict[int, Any] = {}  # rank -> step of its seq 0 record
         self._timed: list[tuple[Any, float]] = []  # lowest, highest (step, time)
         self._unstepped: dict[str, dict[int, float]] = defaultdict(dict)  # metric -> rank -> latest value
+        self._buckets: dict[tuple[str, str | None], dict[str, Any]] = {}  # bucket_means' finished columns
 
     def __repr__(self) -> str:
         return (f"Run({self.run_id!r}, world_size={self.world_size}, status={self.status!r}, records={self._count}"
@@ -364,6 +365,70 @@ class Run:
                 prev = self._steps_out(keys[start + earlier[-1:]])[0]
             back = start
         return steps, prev
+
+    def has(self, metric: str) -> bool:
+        """Whether some rank logged ``metric`` at a step."""
+        store = self._data()
+        f = store.fields.get(metric)
+        return f is not None and bool(store.count[:, f].any())
+
+    def bucket_means(self, metric: str, over: str | None = None, columns: int = 60
+                     ) -> tuple[list[int], list[Any], np.ndarray]:
+        """``metric`` (divided by ``over`` where given) averaged per rank over consecutive steps:
+        at most ``columns`` buckets of a power of two steps each. Returns the ranks (one per
+        column of the result), each bucket's last step, and the means ``[bucket, rank]`` (NaN:
+        none). Each rank's first step is left out (it covers the cell's set-up). Finished buckets
+        are kept: a call costs O(steps since the last call × ranks), and O(steps × ranks) when the
+        bucket width doubles.
+
+        >>> run = Run("x", 2)
+        >>> _ = run.add([{"rank": r, "seq": s, "step": s, "t": float(s + r)} for s in range(5) for r in (0, 1)])
+        >>> ranks, last, means = run.bucket_means("t", columns=2)
+        >>> ranks, last, means.tolist()
+        ([0, 1], [3, 4], [[2.0, 3.0], [4.0, 5.0]])
+        """
+        store = self._data()
+        n, ranks = store.n, list(store.ranks)
+        f = store.fields.get(metric)
+        g = store.fields.get(over) if over is not None else None
+        if f is None or not n or (over is not None and g is None):
+            return ranks, [], np.full((0, len(ranks)), np.nan)
+        width = 1 << max(0, math.ceil(math.log2(n / columns))) if n > columns else 1
+        state = self._buckets.get((metric, over))
+        if state is None or (state["width"], state["version"], state["ranks"]) != (width, store.version, len(ranks)):
+            state = self._buckets[metric, over] = {"width": width, "version": store.version, "ranks": len(ranks),
+                                                   "done": 0, "sums": [], "counts": []}
+        first = np.array([self._first_step.get(r, np.nan) for r in ranks], dtype=np.float64)
+        keys = store.keys
+
+        def sums(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+            values = store.data[lo:hi, :, f].copy()
+            if g is not None:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    below = store.data[lo:hi, :, g]
+                    values = np.where(below > 0, values / below, np.nan)
+            values[keys[lo:hi, None] == first[None, :]] = np.nan
+            have = ~np.isnan(values)
+            starts = np.arange(0, hi - lo, width)
+            return (np.add.reduceat(np.where(have, values, 0.0), starts, axis=0),
+                    np.add.reduceat(have.astype(np.int64), starts, axis=0))
+
+        whole = n // width * width
+        if state["done"] < whole:
+            s_, c_ = sums(state["done"], whole)
+            state["sums"].append(s_)
+            state["counts"].append(c_)
+            state["done"] = whole
+        parts_s, parts_c = list(state["sums"]), list(state["counts"])
+        if whole < n:
+            s_, c_ = sums(whole, n)
+            parts_s.append(s_)
+            parts_c.append(c_)
+        total, count = np.concatenate(parts_s), np.concatenate(parts_c)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        last = self._steps_out(keys[np.minimum(np.arange(width, n + width, width), n) - 1])
+        return ranks, last, means
 
     def first_steps(self) -> dict[int, Any]:
         """``{rank: step}`` of each rank's first record of the cell (``seq`` 0)."""

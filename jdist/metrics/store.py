@@ -321,6 +321,7 @@ class RecordStore:
 
     def __init__(self, world_size: int):
         self.n = 0  # rows used
+        self.version = 0  # counts the row insertions (rows before it moved)
         self._keys = np.empty(0)  # the step of each row, sorted
         self.ranks: list[int] = list(range(world_size))
         self._col_of = np.arange(max(world_size, 1), dtype=np.int64)  # rank -> column (-1: none yet)
@@ -443,6 +444,7 @@ class RecordStore:
         self._keys = _resized(np.insert(self._keys[: self.n], at, new), cap)
         self.data = _resized(np.insert(self.data[: self.n], at, np.nan, axis=0), cap)
         self.n = n
+        self.version += 1
 
     def trim(self) -> None:
         """Give back the rows allocated ahead (when the run has ended)."""

@@ -246,6 +246,12 @@ function drawSeries(svg: SVGSVGElement, series: IChartLine, sx: (x: number) => n
   svg.appendChild(line);
 }
 
+/** Label every k-th bar so the labels do not overlap (as label_every in jdist/kernel/dashboard/static.py). */
+export function labelEvery(categories: string[], width: number): number {
+  const longest = Math.max(0, ...categories.map(c => c.length)) * 6.2 + 8;
+  return Math.max(1, Math.ceil((categories.length * longest) / Math.max(width, 1)));
+}
+
 /** Bars per category: `stacked` puts the series on top of each other, else side by side. */
 export function barChart(opts: {
   width: number;
@@ -274,9 +280,12 @@ export function barChart(opts: {
   const sy = yAxis(f, 0, hi * 1.08);
   const band = f.plot.width / n;
   const barW = Math.min(60, band * 0.7);
+  const every = labelEvery(opts.categories, f.plot.width);
   opts.categories.forEach((cat, i) => {
     const cx = f.plot.left + band * (i + 0.5);
-    f.svg.appendChild(s('text', { x: cx, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, cat));
+    if (i % every === 0) {
+      f.svg.appendChild(s('text', { x: cx, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, cat));
+    }
     let base = 0;
     opts.series.forEach((x, j) => {
       const v = x.values[i];
@@ -300,5 +309,167 @@ export function barChart(opts: {
       }
     });
   });
+  return f.svg;
+}
+
+/** A heatmap's 256 colours (RGB): byte 0..254 along `colors` (evenly spaced stops), 255 light grey
+ * (as palette in jdist/kernel/dashboard/static.py). */
+export function palette(colors: string[]): [number, number, number][] {
+  const stops = colors.map(c => [1, 3, 5].map(i => parseInt(c.slice(i, i + 2), 16)));
+  const table: [number, number, number][] = [];
+  for (let b = 0; b < 255; b++) {
+    const at = (b / 254) * (stops.length - 1);
+    const i = Math.min(Math.floor(at), stops.length - 2);
+    const t = at - i;
+    table.push([0, 1, 2].map(k => Math.round(stops[i][k] + (stops[i + 1][k] - stops[i][k]) * t)) as [number, number, number]);
+  }
+  table.push([0xee, 0xee, 0xee]);
+  return table;
+}
+
+/** At most `most` rows of a heatmap's cells, for an image not that many pixels high: each pooled
+ * cell is the one of its rows farthest from the median of all cells, so a rank that stands out
+ * still shows (as pool_rows in jdist/kernel/dashboard/static.py). */
+export function poolRows(cells: Uint8Array, rows: number, cols: number, most: number): [number, Uint8Array] {
+  if (rows <= most || most < 1) {
+    return [rows, cells];
+  }
+  const per = Math.ceil(rows / most);
+  const valid = Array.from(cells).filter(b => b !== 255).sort((a, b) => a - b);
+  const median = valid.length ? valid[Math.floor(valid.length / 2)] : 0;
+  const out = new Uint8Array(Math.ceil(rows / per) * cols);
+  let o = 0;
+  for (let first = 0; first < rows; first += per) {
+    for (let c = 0; c < cols; c++) {
+      let best = 255;
+      for (let r = first; r < Math.min(first + per, rows); r++) {
+        const b = cells[r * cols + c];
+        if (b !== 255 && (best === 255 || Math.abs(b - median) > Math.abs(best - median))) {
+          best = b;
+        }
+      }
+      out[o++] = best;
+    }
+  }
+  return [Math.ceil(rows / per), out];
+}
+
+/** A value per row (rank) and column (steps) as colour: one pixelated image (a pixel per cell),
+ * the rows' host groups on the left, the colour scale on the right. `data-rows`/`data-columns`
+ * on the image count its cells (tests read them). */
+export function heatmapChart(opts: {
+  width: number;
+  height: number;
+  title: string;
+  rows: string[];
+  groups: [string, number, number][];
+  x: number[];
+  cells: string;
+  low: number | null;
+  high: number | null;
+  colors: string[];
+  format: (v: number) => string;
+  xTitle: string;
+  className?: string;
+}): SVGSVGElement {
+  const f = frame(opts.width, opts.height, opts.title, []);
+  if (opts.className) {
+    f.svg.classList.add(opts.className);
+  }
+  const cols = opts.x.length;
+  const rows = opts.rows.length;
+  if (!cols || !rows || opts.low === null || opts.high === null) {
+    return noData(f);
+  }
+  const [pooled, bytes] = poolRows(Uint8Array.from(atob(opts.cells), c => c.charCodeAt(0)), rows, cols, Math.floor(f.plot.height));
+  const table = palette(opts.colors);
+  const canvas = document.createElement('canvas');
+  canvas.width = cols;
+  canvas.height = pooled;
+  const ctx = canvas.getContext('2d');
+  if (ctx) {
+    const img = ctx.createImageData(cols, pooled);
+    bytes.forEach((b, i) => {
+      const [r, g, bl] = table[b] ?? table[255];
+      img.data.set([r, g, bl, 255], i * 4);
+    });
+    ctx.putImageData(img, 0, 0);
+  }
+  const left = f.plot.left + 20;
+  const plotW = f.plot.width - 70;
+  const image = s('image', {
+    x: left,
+    y: f.plot.top,
+    width: plotW,
+    height: f.plot.height,
+    preserveAspectRatio: 'none',
+    style: 'image-rendering:pixelated',
+    href: canvas.toDataURL('image/png'),
+    class: 'jp-jdist-heat'
+  });
+  image.dataset.rows = String(rows);
+  image.dataset.columns = String(cols);
+  f.svg.appendChild(image);
+  const rowH = f.plot.height / rows;
+  const groups: [string, number, number][] = opts.groups.length ? opts.groups : [[`${opts.rows[0]}–${opts.rows[rows - 1]}`, 0, rows]];
+  let lastLabel = -Infinity;
+  for (const [host, first, count] of groups) {
+    const mid = f.plot.top + (first + count / 2) * rowH;
+    const label = s('text', { x: left - 4, y: mid + 3, 'text-anchor': 'end', class: 'jp-jdist-tick jp-jdist-heat-group' }, host);
+    if (mid - lastLabel >= 11) {
+      lastLabel = mid;
+    } else {
+      label.setAttribute('visibility', 'hidden'); // it would overlap the one above (kept for its name)
+    }
+    f.svg.appendChild(label);
+    if (first && count * rowH >= 3) {
+      const y = f.plot.top + first * rowH;
+      f.svg.appendChild(s('line', { x1: left, x2: left + plotW, y1: y, y2: y, stroke: 'white' }));
+    }
+  }
+  for (const i of [...new Set([0, Math.floor(cols / 2), cols - 1])]) {
+    f.svg.appendChild(
+      s('text', { x: left + ((i + 0.5) / cols) * plotW, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, fmt(opts.x[i], 4))
+    );
+  }
+  f.svg.appendChild(s('text', { x: left + plotW, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, opts.xTitle));
+  const sx = left + plotW + 8;
+  const steps = 20;
+  for (let k = 0; k < steps; k++) {
+    const [r, g, b] = table[Math.round((k / (steps - 1)) * 254)];
+    f.svg.appendChild(
+      s('rect', { x: sx, y: f.plot.top + f.plot.height * (1 - (k + 1) / steps), width: 10, height: f.plot.height / steps + 0.5, fill: `rgb(${r},${g},${b})` })
+    );
+  }
+  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + 8, class: 'jp-jdist-tick' }, opts.format(opts.high)));
+  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + f.plot.height, class: 'jp-jdist-tick' }, opts.format(opts.low)));
+  return f.svg;
+}
+
+/** Rows of text under column titles, a note below (the slowest ranks); each row a `g` with
+ * `data-rank` (tests read it). */
+export function tableChart(opts: { width: number; height: number; title: string; columns: string[]; rows: string[][]; note: string; className?: string }): SVGSVGElement {
+  const f = frame(opts.width, opts.height, opts.title, []);
+  if (opts.className) {
+    f.svg.classList.add(opts.className);
+  }
+  if (!opts.rows.length) {
+    return noData(f);
+  }
+  const left = 8;
+  const colW = (opts.width - 16) / opts.columns.length;
+  const lineH = Math.min(20, (f.plot.height - 10) / (opts.rows.length + 1));
+  let y = f.plot.top + 4;
+  opts.columns.forEach((title, j) => f.svg.appendChild(s('text', { x: left + j * colW, y, class: 'jp-jdist-table-head' }, title)));
+  for (const row of opts.rows) {
+    y += lineH;
+    const g = s('g', { class: 'jp-jdist-table-row' });
+    g.dataset.rank = row[0];
+    row.forEach((cell, j) => g.appendChild(s('text', { x: left + j * colW, y, class: 'jp-jdist-table-cell' }, cell)));
+    f.svg.appendChild(g);
+  }
+  if (opts.note) {
+    f.svg.appendChild(s('text', { x: left, y: opts.height - 8, class: 'jp-jdist-tick jp-jdist-table-note' }, opts.note));
+  }
   return f.svg;
 }

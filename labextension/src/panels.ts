@@ -1,10 +1,11 @@
 /**
  * One dashboard panel drawn by its kind (jdist/metrics/panels.py defines them as data): a line
- * panel as a line chart of each of its series (with their min–max bands), a bar panel as bars per rank. The sidebar's run
+ * panel as a line chart of each of its series (with their min–max bands), a bar panel as bars per
+ * rank (or host), a heatmap as a rank × step image, a table as rows of text. The sidebar's run
  * view and the notebook's live dashboard (notebook.ts) draw every panel with this, and thin long
  * lines the way the kernel's static summary does (jdist.metrics.panels.thin).
  */
-import { barChart, lineChart } from './charts';
+import { barChart, heatmapChart, lineChart, tableChart } from './charts';
 import { fmt } from './dom';
 import type { Panel } from './protocol';
 
@@ -33,6 +34,13 @@ export function drawPanel(p: Panel, width: number, height: number): SVGSVGElemen
       xTitle: p.x_title,
       className
     });
+  }
+  if (p.kind === 'heatmap') {
+    const format = p.unit === 's' ? formatter('s') : p.unit ? formatter(p.unit) : (v: number) => `${Math.round(v * 100)}%`;
+    return heatmapChart({ width, height, title: p.title, rows: p.rows, groups: p.groups, x: p.x, cells: p.cells, low: p.low, high: p.high, colors: p.colors, format, xTitle: p.x_title, className });
+  }
+  if (p.kind === 'table') {
+    return tableChart({ width, height, title: p.title, columns: p.columns, rows: p.rows, note: p.note, className });
   }
   return barChart({
     width,

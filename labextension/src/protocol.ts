@@ -7,7 +7,7 @@ export type RankState = 'idle' | 'busy' | 'paused' | 'dead' | 'unknown';
 
 export type ClusterStatus = 'running' | 'degraded' | 'dead';
 
-export type Panel = ILinePanel | IBarPanel;
+export type Panel = ILinePanel | IBarPanel | IHeatmapPanel | ITablePanel;
 
 export type SweepStatus = 'running' | 'done' | 'interrupted' | 'stopped' | 'lost';
 
@@ -136,6 +136,30 @@ export interface IBarPanel {
   stacked: boolean;
   categories: string[];
   series: IBarSeries[];
+}
+
+export interface IHeatmapPanel {
+  key: string;
+  kind: 'heatmap';
+  title: string;
+  unit: string;
+  x_title: string;
+  rows: string[];
+  groups: [string, number, number][];
+  x: number[];
+  cells: string;
+  low: number | null;
+  high: number | null;
+  colors: string[];
+}
+
+export interface ITablePanel {
+  key: string;
+  kind: 'table';
+  title: string;
+  columns: string[];
+  rows: string[][];
+  note: string;
 }
 
 export interface IRunDetail {

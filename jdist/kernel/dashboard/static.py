@@ -19,14 +19,17 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
+import zlib
 from html import escape
 from typing import Any
 
 from jdist.metrics import Run
 from jdist.metrics.panels import panels, thin_panel
 from jdist.metrics.stats import is_number as _ok
-from jdist.protocol import BarPanel, LinePanel, LineSeries, Panel
+from jdist.protocol import BarPanel, HeatmapPanel, LinePanel, LineSeries, Panel, TablePanel
 
 #: Size of one panel, in SVG pixels; two panels per row.
 PANEL_W, PANEL_H = 500, 280
@@ -82,15 +85,19 @@ class _Frame:
 
     def __init__(self, x0: float, y0: float, title: str, legend: list[tuple[str, str]]) -> None:
         self.parts: list[str] = [_text(x0 + 4, y0 + 16, title, "title", size=12, fill="#222", weight="600")]
+        # the legend right of the title, or on its own line when both do not fit (as frame() in charts.ts)
+        own_line = len(title) * 7.2 + sum(len(name) * 6.2 + 22 for name, _ in legend) + 16 > PANEL_W
+        ly = y0 + (32 if own_line else 16)
         lx = x0 + PANEL_W - _MARGIN["right"]
         for name, color in reversed(legend):
-            self.parts.append(_text(lx, y0 + 16, name, "legend", anchor="end"))
+            self.parts.append(_text(lx, ly, name, "legend", anchor="end"))
             lx -= len(name) * 6.2 + 4
-            self.parts.append(f'<rect x="{lx - 10:.1f}" y="{y0 + 7}" width="10" height="10" fill="{color}"/>')
+            self.parts.append(f'<rect x="{lx - 10:.1f}" y="{ly - 9}" width="10" height="10" fill="{color}"/>')
             lx -= 18
-        self.left, self.top = x0 + _MARGIN["left"], y0 + _MARGIN["top"]
+        extra = 16 if own_line else 0
+        self.left, self.top = x0 + _MARGIN["left"], y0 + _MARGIN["top"] + extra
         self.width = PANEL_W - _MARGIN["left"] - _MARGIN["right"]
-        self.height = PANEL_H - _MARGIN["top"] - _MARGIN["bottom"]
+        self.height = PANEL_H - _MARGIN["top"] - _MARGIN["bottom"] - extra
 
     def y_axis(self, lo: float, hi: float) -> Any:
         ticks = nice_ticks(lo, hi, max(2, int(self.height // 35)))
@@ -173,6 +180,16 @@ def _series(s: LineSeries, sx: Any, sy: Any) -> list[str]:
     return parts
 
 
+def label_every(categories: list[str], width: float) -> int:
+    """Label every k-th bar so the labels do not overlap (as ``labelEvery`` in charts.ts).
+
+    >>> label_every(["rank 1"] * 4, 400), label_every(["node00"] * 64, 400)
+    (1, 8)
+    """
+    longest = max((len(c) for c in categories), default=0) * 6.2 + 8
+    return max(1, math.ceil(len(categories) * longest / max(width, 1)))
+
+
 def _bar_panel(p: BarPanel, x0: float, y0: float) -> list[str]:
     f = _Frame(x0, y0, p["title"], [(s["name"], s["color"]) for s in p["series"]])
     cats, series = p["categories"], p["series"]
@@ -190,9 +207,11 @@ def _bar_panel(p: BarPanel, x0: float, y0: float) -> list[str]:
     sy = f.y_axis(0, top * 1.08)
     band = f.width / len(cats)
     bar_w = min(60, band * 0.7)
+    every = label_every(cats, f.width)
     for i, cat in enumerate(cats):
         cx = f.left + band * (i + 0.5)
-        f.parts.append(_text(cx, f.top + f.height + 14, cat, "tick", anchor="middle"))
+        if i % every == 0:
+            f.parts.append(_text(cx, f.top + f.height + 14, cat, "tick", anchor="middle"))
         base = 0.0
         for j, s in enumerate(series):
             v = s["values"][i]
@@ -214,6 +233,128 @@ def _bar_panel(p: BarPanel, x0: float, y0: float) -> list[str]:
     return f.parts
 
 
+def palette(colors: list[str]) -> list[bytes]:
+    """A heatmap's 256 colours (RGB): byte 0..254 along ``colors`` (evenly spaced stops), 255 light grey."""
+    stops = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in colors]
+    table = []
+    for b in range(255):
+        at = b / 254 * (len(stops) - 1)
+        i = min(int(at), len(stops) - 2)
+        t = at - i
+        table.append(bytes(round(stops[i][k] + (stops[i + 1][k] - stops[i][k]) * t) for k in range(3)))
+    return table + [b"\xee\xee\xee"]
+
+
+def pool_rows(cells: bytes, rows: int, cols: int, most: int) -> tuple[int, bytes]:
+    """At most ``most`` rows of a heatmap's cells (a row per rank), for an image not that many pixels
+    high: each pooled cell is the one of its rows farthest from the median of all cells, so a rank
+    that stands out (slower, or communicating less) still shows. As ``poolRows`` in charts.ts.
+
+    >>> pool_rows(bytes([10, 10, 200, 10, 10, 10]), 6, 1, 3)
+    (3, b'\\n\\xc8\\n')
+    """
+    if rows <= most:
+        return rows, cells
+    per = math.ceil(rows / most)
+    valid = sorted(b for b in cells if b != 255)
+    median = valid[len(valid) // 2] if valid else 0
+    out = bytearray()
+    for first in range(0, rows, per):
+        for c in range(cols):
+            pool = [cells[r * cols + c] for r in range(first, min(first + per, rows))]
+            pool = [b for b in pool if b != 255]
+            out.append(max(pool, key=lambda b: abs(b - median)) if pool else 255)
+    return math.ceil(rows / per), bytes(out)
+
+
+def heat_rgb(panel: HeatmapPanel, most_rows: int = 10**9) -> tuple[int, int, bytes]:
+    """The heatmap's cells as RGB pixels, a row per rank (pooled to ``most_rows``): ``(width, height, bytes)``."""
+    table = palette(panel["colors"])
+    width = len(panel["x"])
+    height, cells = pool_rows(base64.b64decode(panel["cells"]), len(panel["rows"]), width, most_rows)
+    return width, height, b"".join(table[c] for c in cells)
+
+
+def png(width: int, height: int, rgb: bytes) -> bytes:
+    """A PNG image of ``rgb`` pixels (3 bytes each, row by row): the standard library only.
+
+    >>> png(1, 1, b"\\x00\\x00\\x00")[:8]
+    b'\\x89PNG\\r\\n\\x1a\\n'
+    """
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + rgb[y * width * 3:(y + 1) * width * 3] for y in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def _heat_panel(p: HeatmapPanel, x0: float, y0: float) -> list[str]:
+    """The heatmap as one pixelated image (a pixel per rank and column), host groups on the left."""
+    f = _Frame(x0, y0, p["title"], [])
+    if not p["x"] or not p["rows"] or p["low"] is None:
+        f.no_data()
+        return f.parts
+    width, height, rgb = heat_rgb(p, int(f.height))
+    data = base64.b64encode(png(width, height, rgb)).decode()
+    left, plot_w = f.left + 20, f.width - 70
+    rows = len(p["rows"])
+    f.parts.append(f'<image x="{left:.1f}" y="{f.top:.1f}" width="{plot_w:.1f}" height="{f.height:.1f}" '
+                   f'preserveAspectRatio="none" style="image-rendering:pixelated" class="heat" '
+                   f'data-rows="{rows}" data-columns="{width}" href="data:image/png;base64,{data}"/>')
+    row_h = f.height / rows
+    groups = p["groups"] or [("", 0, rows)]
+    last_label = -math.inf
+    for host, first, count in groups:
+        y_mid = f.top + (first + count / 2) * row_h
+        label = host or f"r{p['rows'][0][1:]}–{p['rows'][-1][1:]}"
+        if y_mid - last_label >= 11:  # labels that would overlap are left out
+            f.parts.append(_text(left - 4, y_mid + 3, label, "tick", anchor="end", size=9))
+            last_label = y_mid
+        if first and count * row_h >= 3:
+            f.parts.append(f'<line x1="{left:.1f}" x2="{left + plot_w:.1f}" y1="{f.top + first * row_h:.1f}" '
+                           f'y2="{f.top + first * row_h:.1f}" stroke="white"/>')
+    xs = p["x"]
+    for i in sorted({0, len(xs) // 2, len(xs) - 1}):
+        f.parts.append(_text(left + (i + 0.5) / len(xs) * plot_w, f.top + f.height + 14, fmt(xs[i], 4), "tick",
+                             anchor="middle"))
+    f.parts.append(_text(left + plot_w, f.top + f.height + 28, p["x_title"], "axis", anchor="end"))
+    # the colour scale, low at the bottom
+    sx = left + plot_w + 8
+    steps = 20
+    table = palette(p["colors"])
+    for k in range(steps):
+        color = "#" + table[round(k / (steps - 1) * 254)].hex()
+        f.parts.append(f'<rect x="{sx:.1f}" y="{f.top + f.height * (1 - (k + 1) / steps):.1f}" width="10" '
+                       f'height="{f.height / steps + 0.5:.1f}" fill="{color}"/>')
+    unit = (lambda v: f"{v * 1e3:.3g} ms") if p["unit"] == "s" else (lambda v: f"{v:.0%}" if not p["unit"] else fmt(v))
+    f.parts.append(_text(sx + 12, f.top + 8, unit(p["high"]), "tick", size=9))
+    f.parts.append(_text(sx + 12, f.top + f.height, unit(p["low"]), "tick", size=9))
+    return f.parts
+
+
+def _table_panel(p: TablePanel, x0: float, y0: float) -> list[str]:
+    """Rows of text under the column titles, the note below."""
+    f = _Frame(x0, y0, p["title"], [])
+    if not p["rows"]:
+        f.no_data()
+        return f.parts
+    left = x0 + 10
+    col_w = (PANEL_W - 20) / len(p["columns"])
+    y = f.top + 4
+    for j, title in enumerate(p["columns"]):
+        f.parts.append(_text(left + j * col_w, y, title, "colhead", weight="600", fill="#222"))
+    for row in p["rows"]:
+        y += 20
+        f.parts.append(f'<g class="row" data-rank="{escape(row[0])}">')
+        for j, cell in enumerate(row):
+            f.parts.append(_text(left + j * col_w, y, cell, "cell", size=11, fill="#222"))
+        f.parts.append("</g>")
+    if p["note"]:
+        f.parts.append(_text(left, y0 + PANEL_H - 12, p["note"], "note", size=10))
+    return f.parts
+
+
 def render_svg(run: Run, drawn: list[Panel] | None = None) -> str:
     """Every panel of ``run`` (or the ``drawn`` panels) in one SVG image, two per row."""
     drawn = panels(run) if drawn is None else drawn
@@ -226,7 +367,10 @@ def render_svg(run: Run, drawn: list[Panel] | None = None) -> str:
              _text(width / 2, 18, title, "suptitle", anchor="middle", size=13, fill="#222", weight="600")]
     for i, panel in enumerate(drawn):
         x0, y0 = (i % 2) * PANEL_W, _HEADER + (i // 2) * PANEL_H
-        body = _line_panel(thin_panel(panel), x0, y0) if panel["kind"] == "line" else _bar_panel(panel, x0, y0)
+        kind = panel["kind"]
+        body = (_line_panel(thin_panel(panel), x0, y0) if kind == "line" else  # type: ignore[arg-type]
+                _heat_panel(panel, x0, y0) if kind == "heatmap" else  # type: ignore[arg-type]
+                _table_panel(panel, x0, y0) if kind == "table" else _bar_panel(panel, x0, y0))  # type: ignore[arg-type]
         parts.append(f'<g class="panel" data-panel="{escape(panel["key"])}" data-title="{escape(panel["title"])}">')
         parts += body
         parts.append("</g>")

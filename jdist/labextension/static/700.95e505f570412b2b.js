@@ -47,6 +47,17 @@ line.jp-jdist-grid {
   stroke: var(--jp-border-color2, #e0e0e0);
   stroke-width: 1;
 }
+
+.jp-jdist-table-head {
+  fill: var(--jp-ui-font-color1, rgba(0, 0, 0, 0.87));
+  font-size: 11px;
+  font-weight: 600;
+}
+
+.jp-jdist-table-cell {
+  fill: var(--jp-ui-font-color1, rgba(0, 0, 0, 0.87));
+  font-size: 11px;
+}
 `,""]),t.d(o,{},{A:p})},646(r,o,t){var e=t(601),i=t.n(e),a=t(314),p=t.n(a),n=t(547),s=p()(i());s.i(n.A),s.push([r.id,`/* jdist sidebar and run view. JupyterLab CSS variables only: follows light and dark themes. */
 
 .jp-jdist-sidebar {
