@@ -1,6 +1,6 @@
 """Does the kernel stay small and quick as runs grow long and wide? (issue 26)
 
-Four measurements, one table each, targets beside the figures:
+Six measurements, one table each, targets beside the figures:
 
 1. **Memory per record**: a run's values in the kernel (``Run.nbytes``, and everything the run
    object holds by ``tracemalloc``), for 2 CPU ranks logging 3 scalars and for 8 ranks logging 3
@@ -19,10 +19,13 @@ Four measurements, one table each, targets beside the figures:
 5. **The run view at 512 ranks** (64 hosts) in JupyterLab and real Chromium, for a run being
    written at 10 logs/s per rank: from Open to the heatmap drawn, the server's answer for the
    view, and from records written to the view showing them.
+6. **Cold start against its floor** at 2, 4, 8 and 16 ranks: the first ``%%distributed -n N``
+   cell (body ``pass``) in a fresh kernel, beside N ranks under plain ``mpiexec`` that only import
+   torch and make a gloo group, alternated, best of 2.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--skip-kernel] [--skip-browser]
+    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--skip-kernel] [--skip-browser] [--skip-cold | --only-cold]
 """
 
 from __future__ import annotations
@@ -387,6 +390,53 @@ def browser_view(world: int = 512, hosts: int = 64, seconds: float = 20.0) -> di
     return out
 
 
+# -- 6. cold start against its floor -----------------------------------------------------------------
+
+FLOOR = r"""
+import os, sys, torch, torch.distributed as dist
+rank, world = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=rank, world_size=world)
+dist.barrier()
+dist.destroy_process_group()
+"""
+COLD_TARGET = 1.20
+
+
+def floor_s(n: int) -> float:
+    """Seconds for ``n`` ranks under plain ``mpiexec`` to import torch, make a gloo group and end: the
+    least a first ``%%distributed -n <n>`` cell can take (jdist's ranks do that too)."""
+    import socket
+
+    from jdist.kernel.launch.local_mpi import local_mpiexec
+
+    script = Path(tempfile.mkdtemp()) / "floor.py"
+    script.write_text(FLOOR)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t0 = time.perf_counter()
+    subprocess.run([local_mpiexec(), "-n", str(n), sys.executable, str(script), str(port)], check=True, timeout=600)
+    return time.perf_counter() - t0
+
+
+def cold_starts(sizes: tuple[int, ...] = (2, 4, 8, 16), repeats: int = 2) -> list[dict[str, Any]]:
+    """The first ``%%distributed -n <n>`` cell in a fresh kernel (``bench_overhead.cold_start``)
+    beside its floor, alternated, best of ``repeats`` each."""
+    sys.path.insert(0, str(HERE))
+    from bench_overhead import cold_start
+
+    os.environ.setdefault("JDIST_RUN_DIR", tempfile.mkdtemp())
+    out = []
+    for n in sizes:
+        jd, fl = [], []
+        for _ in range(repeats):
+            fl.append(floor_s(n))
+            jd.append(cold_start(Path(tempfile.mkdtemp()), "python3", n))
+        out.append({"ranks": n, "jdist_s": min(jd), "floor_s": min(fl), "jdist_all": jd, "floor_all": fl,
+                    "ratio": min(jd) / min(fl)})
+    return out
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 
@@ -395,64 +445,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--skip-kernel", action="store_true", help="leave out the end-to-end run with a real kernel")
     ap.add_argument("--skip-browser", action="store_true", help="leave out the run view in a real browser")
+    ap.add_argument("--skip-cold", action="store_true", help="leave out cold start against its floor")
+    ap.add_argument("--only-cold", action="store_true", help="only cold start against its floor")
     args = ap.parse_args(argv)
     random.seed(0)
     res: dict[str, Any] = {}
 
-    print("1. Kernel memory per record (a run's values; tracemalloc: all the run object holds)")
-    print(f"   {'scenario':44} {'now: values':>12} {'now: all':>10} {'before':>10}  target")
-    res["memory"] = []
-    for world, steps, full, label in ((2, 50_000, False, "2 ranks, 3 scalars, CPU metrics"),
-                                      (8, 12_500, True, "8 ranks, 3 scalars, every automatic metric")):
-        m = bytes_per_record(world, steps, full)
-        res["memory"].append(m)
-        before = f"{m['before']['traced_per_record']:.0f} B" if "before" in m else "n/a"
-        worst = max(m["now"]["traced_per_record"], m["now"]["nbytes_per_record"])
-        met = "met" if worst <= TARGETS["bytes_per_record"] else "MISSED"
-        print(f"   {label:44} {m['now']['nbytes_per_record']:>10.0f} B {m['now']['traced_per_record']:>8.0f} B "
-              f"{before:>10}  <= {TARGETS['bytes_per_record']} B: {met}")
+    if not args.only_cold:
+        print("1. Kernel memory per record (a run's values; tracemalloc: all the run object holds)")
+        print(f"   {'scenario':44} {'now: values':>12} {'now: all':>10} {'before':>10}  target")
+        res["memory"] = []
+        for world, steps, full, label in ((2, 50_000, False, "2 ranks, 3 scalars, CPU metrics"),
+                                          (8, 12_500, True, "8 ranks, 3 scalars, every automatic metric")):
+            m = bytes_per_record(world, steps, full)
+            res["memory"].append(m)
+            before = f"{m['before']['traced_per_record']:.0f} B" if "before" in m else "n/a"
+            worst = max(m["now"]["traced_per_record"], m["now"]["nbytes_per_record"])
+            met = "met" if worst <= TARGETS["bytes_per_record"] else "MISSED"
+            print(f"   {label:44} {m['now']['nbytes_per_record']:>10.0f} B {m['now']['traced_per_record']:>8.0f} B "
+                  f"{before:>10}  <= {TARGETS['bytes_per_record']} B: {met}")
 
-    print("\n2. Kernel RSS over 10 runs of 200,000 records (2 ranks x 100,000 steps), fresh process")
-    res["rss"] = {}
-    for label, max_mb in (("default budget (512 MiB, 10 runs)", None), ("budget 64 MiB", 64)):
-        r = rss_over_runs(10, 100_000, max_mb)
-        res["rss"][label] = r
-        growth = r["after"][-1] - r["start_mb"]
-        cap = r["budget"]["max_mb"]
-        print(f"   {label:34} start {r['start_mb']:.0f} MiB, after each run: "
-              + " ".join(f"{x:.0f}" for x in r["after"]))
-        print(f"   {'':34} growth {growth:.0f} MiB (budget {cap:.0f} MiB: {'met' if growth <= cap else 'MISSED'}); "
-              f"held {r['budget']['held_mb']:.0f} MiB in {r['budget']['runs_in_memory']} runs, "
-              f"{r['budget']['runs_released']} released; the first run's history "
-              + (f"read back from disk in {r['reload_s']:.2f} s" if r["first_released"] else
-                 f"(in memory) in {r['reload_s']:.2f} s") + f" ({r['reload_rows']:,} rows)")
+        print("\n2. Kernel RSS over 10 runs of 200,000 records (2 ranks x 100,000 steps), fresh process")
+        res["rss"] = {}
+        for label, max_mb in (("default budget (512 MiB, 10 runs)", None), ("budget 64 MiB", 64)):
+            r = rss_over_runs(10, 100_000, max_mb)
+            res["rss"][label] = r
+            growth = r["after"][-1] - r["start_mb"]
+            cap = r["budget"]["max_mb"]
+            print(f"   {label:34} start {r['start_mb']:.0f} MiB, after each run: "
+                  + " ".join(f"{x:.0f}" for x in r["after"]))
+            print(f"   {'':34} growth {growth:.0f} MiB (budget {cap:.0f} MiB: {'met' if growth <= cap else 'MISSED'}); "
+                  f"held {r['budget']['held_mb']:.0f} MiB in {r['budget']['runs_in_memory']} runs, "
+                  f"{r['budget']['runs_released']} released; the first run's history "
+                  + (f"read back from disk in {r['reload_s']:.2f} s" if r["first_released"] else
+                     f"(in memory) in {r['reload_s']:.2f} s") + f" ({r['reload_rows']:,} rows)")
 
-    print("\n3. Ingest into the kernel")
-    res["ingest"] = [ingest_in_process(2, 100_000, False), ingest_in_process(8, 25_000, True)]
-    for g in res["ingest"]:
-        met = "met" if g["per_s_one_core"] >= TARGETS["ingest_per_s"] else "MISSED"
-        print(f"   in process, {g['world']} ranks: {g['cpu_us_per_record']:.2f} us CPU per record -> "
-              f"{g['per_s_one_core']:,.0f} records/s on one core (target >= {TARGETS['ingest_per_s']:,}: {met})")
-    if not args.skip_kernel:
-        e = ingest_end_to_end(8, 20_000)
-        res["end_to_end"] = e
-        print(f"   real kernel, 8 CPU ranks x 20,000 steps: {e['records']:,} records, cell {e['wall_s']:.1f} s "
-              f"(ranks logging for {e['span_s']:.1f} s), kernel CPU {e['cpu_s']:.2f} s = "
-              f"{e['kernel_core']:.0%} of a core; a cell of 1 step {e['empty_cell_cpu_s']:.2f} s: "
-              f"{e['cpu_us_per_record']:.1f} us per record -> {1e6 / e['cpu_us_per_record']:,.0f} records/s on one core")
-        print("   (issue 26 measured the same cell before: 3.8 s, the kernel at ~80% of a core)")
+        print("\n3. Ingest into the kernel")
+        res["ingest"] = [ingest_in_process(2, 100_000, False), ingest_in_process(8, 25_000, True)]
+        for g in res["ingest"]:
+            met = "met" if g["per_s_one_core"] >= TARGETS["ingest_per_s"] else "MISSED"
+            print(f"   in process, {g['world']} ranks: {g['cpu_us_per_record']:.2f} us CPU per record -> "
+                  f"{g['per_s_one_core']:,.0f} records/s on one core (target >= {TARGETS['ingest_per_s']:,}: {met})")
+        if not args.skip_kernel:
+            e = ingest_end_to_end(8, 20_000)
+            res["end_to_end"] = e
+            print(f"   real kernel, 8 CPU ranks x 20,000 steps: {e['records']:,} records, cell {e['wall_s']:.1f} s "
+                  f"(ranks logging for {e['span_s']:.1f} s), kernel CPU {e['cpu_s']:.2f} s = "
+                  f"{e['kernel_core']:.0%} of a core; a cell of 1 step {e['empty_cell_cpu_s']:.2f} s: "
+                  f"{e['cpu_us_per_record']:.1f} us per record -> {1e6 / e['cpu_us_per_record']:,.0f} records/s on one core")
+            print("   (issue 26 measured the same cell before: 3.8 s, the kernel at ~80% of a core)")
 
-    print("\n4. Live dashboard aggregation, synthetic ranks at 10 logs/s each (records fed every 0.05 s,"
-          " redrawn every 0.25 s)")
-    res["aggregation"] = []
-    for world in (64, 256, 512):
-        a = aggregation(world)
-        res["aggregation"].append(a)
-        target = f" (target <= {TARGETS['aggregation_512_core']:.0%}: " \
-                 f"{'met' if a['core'] <= TARGETS['aggregation_512_core'] else 'MISSED'})" if world == 512 else ""
-        print(f"   {world:4} ranks: {a['records']:>7,} records over {a['sim_s']:.0f} s: "
-              f"{a['core']:.1%} of a core{target}")
-    if not args.skip_browser:
+        print("\n4. Live dashboard aggregation, synthetic ranks at 10 logs/s each (records fed every 0.05 s,"
+              " redrawn every 0.25 s)")
+        res["aggregation"] = []
+        for world in (64, 256, 512):
+            a = aggregation(world)
+            res["aggregation"].append(a)
+            target = f" (target <= {TARGETS['aggregation_512_core']:.0%}: " \
+                     f"{'met' if a['core'] <= TARGETS['aggregation_512_core'] else 'MISSED'})" if world == 512 else ""
+            print(f"   {world:4} ranks: {a['records']:>7,} records over {a['sim_s']:.0f} s: "
+                  f"{a['core']:.1%} of a core{target}")
+    if not (args.skip_browser or args.only_cold):
         b = browser_view()
         res["browser"] = b
         print(f"\n5. The sidebar's run view of a running run, {b['world']} ranks on {b['hosts']} hosts, real Chromium")
@@ -464,6 +517,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{b['update_p90_s']:.2f} s (target <= {BROWSER_TARGETS['update_p90_s']} s: "
               f"{'met' if b['update_p90_s'] <= BROWSER_TARGETS['update_p90_s'] else 'MISSED'}); "
               f"{b['records']:,} records")
+    if not args.skip_cold:
+        print("\n6. Cold start: the first %%distributed -n N cell (body pass) in a fresh kernel, against the floor"
+              "\n   (N ranks under plain mpiexec: import torch, a gloo group, end); best of 2, alternated")
+        res["cold"] = cold_starts()
+        print(f"   {'ranks':>5} {'jdist':>8} {'floor':>8} {'ratio':>6}  target")
+        for c in res["cold"]:
+            met = "met" if c["ratio"] <= COLD_TARGET else "MISSED"
+            print(f"   {c['ranks']:>5} {c['jdist_s']:>7.2f}s {c['floor_s']:>7.2f}s {c['ratio']:>5.2f}x  "
+                  f"<= {COLD_TARGET:.2f}x: {met}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res

@@ -221,9 +221,35 @@ DEBUG_REPLY = "jdist_debug_reply"  # to a rank stopped at breakpoint(): {"seq", 
 DAP_REQUEST = "jdist_dap_request"  # a DAP request for the rank's debugpy: its answer is the reply's "response"
 
 
+class GpuSample(TypedDict):
+    """One GPU of a host (NVML): its index, utilisation (0..1) and memory in use and in all (bytes)."""
+
+    index: int
+    util: float | None
+    mem_used: int
+    mem_total: int
+
+
+class HostMessage(TypedDict):
+    """The load of a rank's host, sent about once a second by the host's lowest rank while a cell
+    runs (``jdist.rank.hostload``): CPU busy (0..1, all cores), memory in use and in all (bytes),
+    network bytes/s in and out (every interface but loopback), its GPUs."""
+
+    v: int
+    kind: Literal["host"]
+    cell: int
+    host: str
+    time: float
+    cpu: float | None
+    mem_used: int
+    mem_total: int
+    net_bytes_s: float | None
+    gpus: list[GpuSample]
+
+
 DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,
-                    TuneMessage, DebugMessage, DapMessage]
-_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug", "dap"}
+                    TuneMessage, DebugMessage, DapMessage, HostMessage]
+_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug", "dap", "host"}
 
 
 def parse_message(payload: Any) -> DataMessage | None:

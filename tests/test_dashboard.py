@@ -470,7 +470,7 @@ def test_every_panel_is_drawn_by_every_view_from_one_definition():
     run = make_run()
     drawn = panels(run)
     assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput", "state"]
-    assert len(PANELS) == 8  # the last three only beyond 16 ranks (the tests below)
+    assert len(PANELS) == 9  # the last four only beyond 16 ranks or on several hosts (the tests below)
     d = Dashboard(run)
     d.update(force=True)
     def heads(ps):
@@ -632,3 +632,36 @@ def test_heatmap_columns_kept_between_updates_equal_a_fresh_computation():
         a, b = grown.bucket_means(metric, over), full.bucket_means(metric, over)
         assert a[0] == b[0] and a[1] == b[1]
         assert a[2] == pytest.approx(b[2], nan_ok=True)
+
+
+def host_sample(host: str, cpu: float, net: float, gpus: int = 0) -> dict:
+    return {"v": 4, "kind": "host", "cell": 1, "host": host, "time": 1000.0, "cpu": cpu, "mem_used": 20 * 2**30,
+            "mem_total": 64 * 2**30, "net_bytes_s": net,
+            "gpus": [{"index": i, "util": 0.5 + 0.1 * i, "mem_used": 10 * 2**30, "mem_total": 80 * 2**30}
+                     for i in range(gpus)]}
+
+
+def test_the_hosts_panel_lists_the_busiest_hosts_and_comes_back_from_the_run_folder(tmp_path):
+    from jdist.metrics import RunLog, read_run
+
+    run = Run("hosts", 4, hosts={0: "node1", 1: "node1", 2: "node2", 3: "node2"})
+    log = RunLog(run, tmp_path)
+    log.append(run.add([{"rank": r, "seq": 0, "step": 0, "loss": 1.0} for r in range(4)]))
+    for sample in (host_sample("node1", 0.2, 1e6, gpus=2), host_sample("node2", 0.9, 5e6, gpus=2),
+                   host_sample("node1", 0.3, 2e6, gpus=2)):
+        run.add_host(sample)
+        log.append_host(sample)
+    run.status = "finished"
+    log.close()
+    table = panel(run, "hosts")
+    assert table["rows"] == [["node2", "2", "90%", "20.0 / 64.0", "5.0 MB/s", "55% of 2", "20.0 / 160.0"],
+                             ["node1", "2", "30%", "20.0 / 64.0", "2.0 MB/s", "55% of 2", "20.0 / 160.0"]]
+    assert table["note"] == "2 hosts; CPU median 60%, highest node2 90%; network median 3.5 MB/s, highest node2 5.0 MB/s"
+    assert "  2 hosts; CPU median 60%" in run.summary()
+    back = read_run(tmp_path / "hosts")
+    assert panel(back, "hosts") == table and [len(v) for v in back.host_load().values()] == [2, 1]
+    svg = svg_panels(render_svg(run))
+    assert [g.get("data-rank") for g in svg["hosts"].iter(f"{SVG}g") if g.get("data-rank")] == ["node2", "node1"]
+    one_host = Run("one", 2)
+    one_host.add_host(host_sample("laptop", 0.5, 0.0))
+    assert "hosts" not in [p["key"] for p in panels(one_host)]  # one host, few ranks: no panel

@@ -500,7 +500,7 @@ def test_slurm_inside_an_allocation_is_a_job_step_of_it(bed):
     wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=20, what="the allocation released")
 
 
-CLI_SCRIPT = """import os, socket, sys, torch, torch.distributed as dist, jdist
+CLI_SCRIPT = """import os, socket, sys, time, torch, torch.distributed as dist, jdist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
@@ -508,6 +508,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(10):
     loss = model(torch.randn(16, 8)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
     jdist.log(step=step, loss=loss.detach())
+    time.sleep(0.05)  # long enough for each node's load to be sampled
 if "--fail" in sys.argv and socket.gethostname() == "node2":
     raise ValueError(f"bad shard on {socket.gethostname()}")
 print(f"rank {rank} done on {socket.gethostname()}", flush=True)
@@ -535,6 +536,12 @@ def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
 
     run = read_run(list_runs(base / "runs")[0])
     assert run.status == "finished" and run.hosts == hosts and sorted(run.history["rank"].unique()) == sorted(hosts)
+    assert sorted(run.host_load()) == ["node1", "node2"]  # each node's lowest rank sampled its load
+    from jdist.metrics.panels import panels
+
+    (table,) = [p for p in panels(run) if p["key"] == "hosts"]
+    assert sorted(row[0] for row in table["rows"]) == ["node1", "node2"]
+    assert sorted(row[1] for row in table["rows"]) == ["1", "1"] if len(hosts) == 2 else ["2", "2"]
     failed = bed.run("node1", [*cmd, "--fail"], timeout=240, env=env, cwd=base)
     assert failed.returncode == 1, failed.stderr
     assert "ValueError: bad shard on node2" in failed.stderr

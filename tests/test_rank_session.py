@@ -169,10 +169,12 @@ def test_log_takes_no_lock_and_the_publisher_thread_sends_batches():
             for step in range(1, 50):
                 jdist.log(step=step, loss=1.0)
             deadline = time.monotonic() + 10
-            while sum(len(m["records"]) for m in ch.messages) < 50 and time.monotonic() < deadline:
+            while sum(len(m["records"]) for m in ch.messages if m["kind"] == "records") < 50 \
+                    and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert [r["step"] for m in ch.messages for r in m["records"]] == list(range(50))  # in order, once each
-            assert all(r["step_time_s"] is not None for m in ch.messages for r in m["records"])
+            batches = [m for m in ch.messages if m["kind"] == "records"]  # (and the host's load, once a second)
+            assert [r["step"] for m in batches for r in m["records"]] == list(range(50))  # in order, once each
+            assert all(r["step_time_s"] is not None for m in batches for r in m["records"])
             end = s.end_cell()
         finally:
             s.stop_publisher()
@@ -221,3 +223,28 @@ def test_cuda_tensor_values_are_copied_without_a_sync_and_sent_once_arrived(monk
         jdist.log(step=1, loss=FakeDeviceTensor(0.5))
         end = s.end_cell()  # the cell's end waits for the copy
     assert events[1].waited == 1 and end["records"][0]["loss"] == 0.5
+
+
+def test_a_hosts_lowest_rank_sends_its_load_about_once_a_second_while_a_cell_runs():
+    import socket
+    import time
+
+    from jdist.rank import hostload
+
+    channel = ListChannel()
+    with local_session(channel) as s:
+        s.start_publisher()
+        try:
+            time.sleep(hostload.EVERY_S + 0.6)  # the first sample at once, the next a second later
+            s.end_cell()
+            sent_while_open = [m for m in channel.messages if m["kind"] == "host"]
+            time.sleep(0.6)  # no cell runs: nothing more
+            assert [m for m in channel.messages if m["kind"] == "host"] == sent_while_open
+        finally:
+            s.stop_publisher()
+    first, second = sent_while_open[:2]
+    assert len(sent_while_open) == 2 and first["host"] == second["host"] == socket.gethostname()
+    assert first["cpu"] is None and 0.0 <= second["cpu"] <= 1.0  # busy since the previous sample
+    assert 0 < second["mem_used"] < second["mem_total"] and second["net_bytes_s"] >= 0
+    assert second["time"] - first["time"] == pytest.approx(hostload.EVERY_S, abs=0.3)
+    assert second["gpus"] == []  # no NVML here (tests/test_gpu.py checks a GPU host)

@@ -721,6 +721,54 @@ def slowest_panel(run: Run) -> BarDef | None:
                              note=note))
 
 
+def hosts_panel(run: Run) -> BarDef | None:
+    """The load of the ranks' hosts, each host's latest sample (its lowest rank samples it about
+    once a second: :class:`jdist.protocol.HostMessage`): CPU, memory, network and GPUs, the busiest
+    :data:`SLOWEST` hosts first. Shown when the ranks run on several hosts or beyond
+    :data:`BARS_UP_TO` ranks."""
+    latest = run.host_latest()
+    if not latest or (len(latest) < 2 and len(_ranks(run)) <= BARS_UP_TO):
+        return None
+    ranks_on: dict[str, int] = {}
+    for host in run.hosts.values():
+        ranks_on[host] = ranks_on.get(host, 0) + 1
+    busy = sorted(latest, key=lambda h: (-(latest[h].get("cpu") or 0.0), h))
+    rows = []
+    for host in busy[:SLOWEST]:
+        x = latest[host]
+        gpus = x.get("gpus") or []
+        utils = [g["util"] for g in gpus if g.get("util") is not None]
+        rows.append([host, str(ranks_on.get(host, run.world_size if len(latest) == 1 else "?")),
+                     _share(x.get("cpu")), f"{_gib(x['mem_used'])} / {_gib(x['mem_total'])}" if x.get("mem_total") else "-",
+                     f"{x['net_bytes_s'] / 1e6:.1f} MB/s" if is_number(x.get("net_bytes_s")) else "-",
+                     f"{_share(statistics.mean(utils))} of {len(gpus)}" if utils else "-",
+                     f"{_gib(sum(g['mem_used'] for g in gpus))} / {_gib(sum(g['mem_total'] for g in gpus))}"
+                     if gpus else "-"])
+    return BarDef(TablePanel(key="hosts", kind="table", title="hosts, busiest first",
+                             columns=["host", "ranks", "CPU", "memory (GiB)", "network", "GPU", "GPU memory (GiB)"],
+                             rows=rows, note=_hosts_line(latest)), summary=lambda r: [_hosts_line(latest)])
+
+
+def _hosts_line(latest: dict[str, dict[str, Any]]) -> str:
+    """The hosts' CPU and network, median and highest (which host)."""
+    parts = [f"{len(latest)} hosts"]
+    for label, key, show in (("CPU", "cpu", _share), ("network", "net_bytes_s", lambda v: f"{v / 1e6:.1f} MB/s")):
+        values = {h: x[key] for h, x in latest.items() if is_number(x.get(key))}
+        if values:
+            top = max(values, key=values.__getitem__)
+            parts.append(f"{label} median {show(statistics.median(values.values()))}, highest {top} {show(values[top])}")
+    return "; ".join(parts)
+
+
+def _share(value: Any) -> str:
+    """A fraction as a percentage: "45%" ("-" when unknown)."""
+    return f"{value:.0%}" if is_number(value) else "-"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
 def throughput_panel(run: Run) -> LineDef:
     """Samples/s summed over the ranks once a batch size is known (even before a point can be
     drawn, so the title does not flip), at steps every rank reporting it has reached; else steps/s."""
@@ -735,7 +783,7 @@ def throughput_panel(run: Run) -> LineDef:
 #: jdist's panels, in the order the views lay them out (two per row); plugins' follow (:func:`all_panels`).
 PANELS: tuple[Callable[[Run], PanelDef | None], ...] = (
     loss_panel, time_panel, memory_panel, throughput_panel, state_panel, slowest_panel, step_heatmap_panel,
-    comm_heatmap_panel)
+    comm_heatmap_panel, hosts_panel)
 
 
 def all_panels() -> tuple[Callable[[Run], PanelDef | None], ...]:

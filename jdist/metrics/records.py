@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -103,6 +103,10 @@ def missing_seqs(received: Iterable[int], count: int) -> list[int]:
     return [s for s in range(count) if s not in seen]
 
 
+#: Load samples kept in memory per host (about ten minutes at one a second).
+HOST_SAMPLES = 600
+
+
 class Run:
     """All records of one ``%%distributed`` cell execution, kept as columns (:mod:`jdist.metrics.store`).
 
@@ -149,6 +153,8 @@ class Run:
         self._timed: list[tuple[Any, float]] = []  # lowest, highest (step, time)
         self._unstepped: dict[str, dict[int, float]] = defaultdict(dict)  # metric -> rank -> latest value
         self._buckets: dict[tuple[str, str | None], dict[str, Any]] = {}  # bucket_means' finished columns
+        #: host -> its latest load samples (:class:`jdist.protocol.HostMessage`), oldest first
+        self._hosts: dict[str, deque[dict[str, Any]]] = {}
 
     def __repr__(self) -> str:
         return (f"Run({self.run_id!r}, world_size={self.world_size}, status={self.status!r}, records={self._count}"
@@ -258,6 +264,25 @@ class Run:
         else:
             self._timed = [min(self._timed[0], low), max(self._timed[1], high)]
 
+    def add_host(self, sample: dict[str, Any]) -> None:
+        """A host's load (:class:`jdist.protocol.HostMessage`); the latest :data:`HOST_SAMPLES` per
+        host are kept (the run folder's ``hosts.jsonl`` has every one)."""
+        self._data()
+        kept = self._hosts.get(sample["host"])
+        if kept is None:
+            kept = self._hosts[sample["host"]] = deque(maxlen=HOST_SAMPLES)
+        kept.append(sample)
+
+    def host_load(self) -> dict[str, list[dict[str, Any]]]:
+        """host -> its load samples, oldest first (the latest :data:`HOST_SAMPLES`)."""
+        self._data()
+        return {host: list(samples) for host, samples in self._hosts.items()}
+
+    def host_latest(self) -> dict[str, dict[str, Any]]:
+        """host -> its latest load sample."""
+        self._data()
+        return {host: samples[-1] for host, samples in self._hosts.items()}
+
     def missing_seqs(self, rank: int, cell: int, count: int) -> list[int]:
         """The seqs below ``count`` of (rank, cell) that were not added (a rank's records lost in transport).
 
@@ -301,7 +326,7 @@ class Run:
     def _data(self) -> RecordStore:
         """The store, loaded again from the run folder if the run was released."""
         if self._released:
-            from .store import load_batches
+            from .store import load_batches, load_hosts
 
             assert self.path is not None
             self._released = False
@@ -310,6 +335,8 @@ class Run:
             self._count = 0
             for batch in load_batches(self.path):
                 self.add_batch(batch)
+            for sample in load_hosts(self.path):
+                self.add_host(sample)
             self._store.trim()
             if self._count != count:
                 import warnings

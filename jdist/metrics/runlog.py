@@ -2,6 +2,7 @@
 other tools) while it is being written.
 
 ``<run dir>/<run id>/meta.json`` (:class:`jdist.protocol.RunMeta`, rewritten atomically) and
+``hosts.jsonl``: the load of the ranks' hosts, a line per sample (:class:`jdist.protocol.HostMessage`);
 ``metrics.jdc``: the records, one binary frame per batch as it arrived (:meth:`RecordBatch.encode
 <jdist.metrics.store.RecordBatch.encode>`: a JSON header naming the columns, then each column's
 bytes), appended and flushed. Read it with :func:`read_run` (``read_run(path).history`` is a
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .records import Run
-from .store import RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
+from .store import HOSTS_FILE, RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
 
 __all__ = ["RECORDS_FILE", "RunLog", "RunReader", "default_run_dir", "list_runs", "load_batches", "read_frames",
            "read_records", "read_run"]
@@ -52,6 +53,7 @@ class RunLog:
         self.path.mkdir(parents=True, exist_ok=True)
         run.path = self.path
         self._fh = open(self.path / RECORDS_FILE, "ab")
+        self._hosts: Any = None  # hosts.jsonl, opened with the first host sample
         self.write_meta()
 
     def write_meta(self) -> None:
@@ -67,9 +69,18 @@ class RunLog:
             self._fh.write(batch.encode())
             self._fh.flush()
 
+    def append_host(self, sample: dict[str, Any]) -> None:
+        """Append a host's load (:class:`jdist.protocol.HostMessage`) to ``hosts.jsonl``."""
+        if self._hosts is None:
+            self._hosts = open(self.path / HOSTS_FILE, "a", encoding="utf-8")
+        self._hosts.write(json.dumps(sample) + "\n")
+        self._hosts.flush()
+
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+        if self._hosts is not None and not self._hosts.closed:
+            self._hosts.close()
         self.write_meta()
 
 
@@ -127,6 +138,11 @@ class RunReader:
                     setattr(self.run, name, value)
         names = folder_files(self.path)
         self.new = [self.run.add_batch(batch) for name in names for batch in self._read(name)]
+        for name in names:
+            if name.startswith("hosts") and name.endswith(".jsonl"):
+                samples, self._offsets[name] = read_records(self.path / name, self._offsets.get(name, 0))
+                for sample in samples:
+                    self.run.add_host(sample)
         failed = [n for n in names if n.startswith("failed.r") and n.endswith(".json")]
         if failed and self.run.status != "failed":  # a rank of another launcher failed (jdist.rank.filelog)
             first = min((json.loads((self.path / n).read_text()) for n in failed), key=lambda f: f["time"])

@@ -46,6 +46,8 @@ _NUMERIC = frozenset((float, int, type(None)))
 _INTS = frozenset((int, type(None)))
 #: The kernel's records file in a run folder (:mod:`jdist.metrics.runlog`).
 RECORDS_FILE = "metrics.jdc"
+#: The hosts' load in a run folder, a JSON line per sample (``hosts.r<rank>.jsonl`` from other launchers' ranks).
+HOSTS_FILE = "hosts.jsonl"
 #: A frame of the binary run log starts with this, then the header's length (4 bytes, little endian).
 FRAME_MAGIC = b"JDC1"
 _HEAD = struct.Struct("<4sI")
@@ -283,6 +285,12 @@ def load_batches(path: str | os.PathLike) -> list[RecordBatch]:
     return [batch for name in folder_files(path) for batch in read_file(Path(path) / name)[0]]
 
 
+def load_hosts(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every host sample in a run folder (``hosts*.jsonl``), file by file."""
+    return [sample for name in folder_files(path) if name.startswith("hosts") and name.endswith(".jsonl")
+            for sample in read_records(Path(path) / name)[0]]
+
+
 def read_frames(path: str | os.PathLike, offset: int = 0) -> tuple[list[RecordBatch], int]:
     """The complete frames of a ``metrics.jdc`` from byte ``offset`` on, and the offset after the
     last complete one (a frame still being written is left for the next read)."""
@@ -500,5 +508,5 @@ def _resized(a: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
-__all__ = ["FRAME_MAGIC", "INT_KEYS", "RECORDS_FILE", "RecordBatch", "RecordStore", "decode_frames", "folder_files",
-           "load_batches", "read_file", "read_frames", "read_records"]
+__all__ = ["FRAME_MAGIC", "HOSTS_FILE", "INT_KEYS", "RECORDS_FILE", "RecordBatch", "RecordStore", "decode_frames", "folder_files",
+           "load_batches", "load_hosts", "read_file", "read_frames", "read_records"]

@@ -95,7 +95,8 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
 
 class FileChannel:
     """A rank's messages into its run folder: records appended to ``metrics.r<rank>.jsonl`` (flushed
-    with each batch); rank 0 keeps ``meta.json`` (:class:`jdist.metrics.Run`'s meta) up to date."""
+    with each batch), its host's load to ``hosts.r<rank>.jsonl`` (the host's lowest rank); rank 0
+    keeps ``meta.json`` (:class:`jdist.metrics.Run`'s meta) up to date."""
 
     def __init__(self, path: Path, rank: int, meta: Any = None):
         self.path = path
@@ -105,6 +106,7 @@ class FileChannel:
         self._fh = open(path / f"metrics.r{rank}.jsonl", "a", encoding="utf-8")
         self._lock = threading.Lock()
         self._encode = json.JSONEncoder(default=float).encode
+        self._hosts: Any = None  # hosts.r<rank>.jsonl, opened with the first host sample
         if meta is not None:
             self.write_meta()
 
@@ -116,6 +118,12 @@ class FileChannel:
                 if not self._fh.closed:
                     self._fh.writelines(lines)
                     self._fh.flush()
+        if kind == "host":  # the host's load, from the host's lowest rank (jdist.rank.hostload)
+            with self._lock:
+                if self._hosts is None:
+                    self._hosts = open(self.path / f"hosts.r{self.rank}.jsonl", "a", encoding="utf-8")
+                self._hosts.write(self._encode(message) + "\n")
+                self._hosts.flush()
         if kind in ("progress", "cell_end") and self.meta is not None:
             total = message.get("total_steps")
             if total is not None:
@@ -128,6 +136,8 @@ class FileChannel:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
+            if self._hosts is not None:
+                self._hosts.close()
 
 
 def end_run(path: Path, run: Any, rank: int, error: str | None) -> None:

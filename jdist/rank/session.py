@@ -42,6 +42,7 @@ from jdist.protocol import CellEndMessage, Record
 
 from .backends.base import Backend, CommTimer, RankContext
 from .channel import KernelChannel, ListChannel
+from .hostload import HostSampler
 from .sources import MetricSource, default_sources, ready, resolve_deferred
 from .stream import RecordStream
 
@@ -174,7 +175,8 @@ class RankSession:
 
 class Publisher:
     """The thread that sends a session's records to the kernel every ``stream.flush_interval``
-    seconds, so that the training thread never serializes, signals or waits for a socket."""
+    seconds, so that the training thread never serializes, signals or waits for a socket; on a
+    host's lowest rank also the host's load about once a second (:mod:`jdist.rank.hostload`)."""
 
     def __init__(self, session: RankSession):
         self.session = session
@@ -185,9 +187,12 @@ class Publisher:
     def _run(self) -> None:
         s = self.session
         reported = False
+        hosts = HostSampler() if s.ctx.local_rank == 0 else None  # the host's lowest rank samples its load
         while not self._stop.wait(s.stream.flush_interval):
             try:
                 s.publish_due()
+                if hosts is not None and s.stream.open and hosts.due(time.monotonic()):
+                    s.channel.publish(hosts.sample(s.stream.cell))
             except Exception as exc:  # never let a bad batch end the thread: the cell's end repairs
                 if not reported:  # once: the engine's log, not a line every 0.25 s
                     import sys

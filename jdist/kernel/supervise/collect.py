@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from jdist.metrics import Run, new_run_id
 from jdist.metrics.store import RecordBatch
-from jdist.protocol import DataMessage, Record
+from jdist.protocol import DataMessage, HostMessage, Record
 
 if TYPE_CHECKING:
     from ..cluster import ClusterSession
@@ -39,6 +39,7 @@ class RecordCollector:
         self.done: dict[int, int] = {}  # rank -> record count reported at cell end
         self.paused_ranks: list[int] = []
         self._pending: list[RecordBatch] = []  # records received since the last flush, as they came
+        self._hosts_before: dict[str, HostMessage] = {}  # each host's latest load before the run began
 
     def ensure_run(self) -> Run:
         """The cell's run, created (and its sinks started) on first use."""
@@ -57,6 +58,9 @@ class RecordCollector:
                 sink.start(self.run)
             if self.paused_ranks:
                 self.paused(self.paused_ranks)
+            for msg in self._hosts_before.values():
+                self._host(msg)
+            self._hosts_before.clear()
         return self.run
 
     def handle(self, rank: int, msg: DataMessage) -> None:
@@ -73,6 +77,19 @@ class RecordCollector:
             self.done[rank] = msg["count"]
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
             self.on_checkpoint(msg)
+        elif kind == "host":
+            if self.run is None:  # a cell that logs nothing has no run: keep the latest until one has
+                self._hosts_before[msg["host"]] = msg
+            else:
+                self._host(msg)
+
+    def _host(self, msg: HostMessage) -> None:
+        assert self.run is not None
+        self.run.add_host(msg)
+        for sink in self.sinks:
+            keep = getattr(sink, "host", None)
+            if keep is not None:
+                keep(msg)
 
     def _add(self, records: RecordBatch | list[Record]) -> None:
         """Keep records for the next :meth:`flush` (one batch per poll, whatever the ranks sent)."""

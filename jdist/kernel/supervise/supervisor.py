@@ -175,14 +175,15 @@ class CellSupervisor:
         self.deadline = time.monotonic() + INTERRUPT_GRACE_S
 
     def _pump(self) -> bool:
-        """Hand every queued message on; True if there was any."""
+        """Hand every queued message on; True if there was any (a host's load sample does not count: it
+        comes once a second whatever the cell does, and would hide a hang from the watchdog)."""
         got = False
         while True:
             try:
                 rank, kind, content = self.inbox.get_nowait()
             except queue.Empty:
                 return got
-            got = True
+            got = got or not _is_host_load(kind, content)  # a host's load is no sign the cell moves on
             if kind == "stream":
                 self.output.stream(rank, content["name"], content["text"])
             elif kind in ("display_data", "execute_result"):
@@ -333,3 +334,8 @@ def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Seque
     if result.ok and result.run is None:
         cluster.recovery.note_cell(code, list(ranks) if ranks is not None else None, opts)
     return result
+
+
+def _is_host_load(kind: str, content: Any) -> bool:
+    """Whether an inbox item is a host's load sample (sent once a second whatever the cell does)."""
+    return kind == "data" and isinstance(content, dict) and content.get("kind") == "host"
