@@ -58,8 +58,15 @@ PANELS_GROUP = "jdist.panels"
 
 
 @cache
+def _all_entry_points() -> Any:
+    """Every installed distribution's entry points, read once (each ``entry_points(group=)`` call
+    reads every distribution's metadata again)."""
+    return entry_points()
+
+
+@cache
 def _entry_points(group: str) -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=group)}
+    return {ep.name: ep for ep in _all_entry_points().select(group=group)}
 
 
 def load_object(path: str) -> Any:

@@ -96,7 +96,7 @@ def on_node(bed: Any, node: str, script: str) -> str:
 def engines_on(bed: Any, node: str) -> list[str]:
     """PIDs (in the node's numbering) of ipyparallel engines running on ``node``."""
     out = on_node(bed, node, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
-                             "grep -q '^[^ ]*python[^ ]* -m ipyparallel.engine' && basename $p; done; true")
+                             "grep -q '^[^ ]*python[^ ]* -c .*ipyparallel.engine' && basename $p; done; true")
     return out.split()
 
 

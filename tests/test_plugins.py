@@ -52,7 +52,7 @@ def test_a_checkout_on_the_path_that_is_not_installed_says_how_to_install_it():
     # Seen on the GPU machine: the checkout on sys.path through a .pth file, without jdist's dist-info,
     # said "Use --backend with one of: ." No entry points are found then (simulated in a fresh interpreter).
     code = ("import jdist.plugins as p\n"
-            "p.entry_points = lambda group: []\n"
+            "from importlib.metadata import EntryPoints\np.entry_points = lambda **kw: EntryPoints(())\n"
             "for f in (p.backend_spec, p.launcher_class):\n"
             "    try: f('ddp')\n"
             "    except ValueError as e: print(e)\n")

@@ -30,7 +30,7 @@ from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faul
 from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
-from .mpi import ENGINE_MODULE, cause_of_exit, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
 
 #: The shell around each engine: records the rank's own exit status in the cluster's folder.
 RANK_WRAPPER = engine_shell(after="echo $code > {exit_file}; exit $code")
@@ -93,7 +93,7 @@ class LocalMPILauncher(RankLauncher):
         exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
             "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file), "jdist-rank",
-            sys.executable, "-m", ENGINE_MODULE,
+            sys.executable, *engine_argv(),
         ]
 
     def note_job(self) -> None:

@@ -55,7 +55,7 @@ from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
 from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
-from .mpi import ENGINE_MODULE, cause_of_exit, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
@@ -223,7 +223,7 @@ class RemoteMPILauncher(RankLauncher):
         ipp_config.MPILauncher.mpi_args = []
         ipp_config.MPILauncher.environment = {"MPI4PY_RC_FINALIZE": "false"}
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
-            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-m", ENGINE_MODULE,
+            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, *engine_argv(),
         ]
         ipp_config.MPIEngineSetLauncher.engine_args = [
             f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}", "--log-level=ERROR",
