@@ -9,7 +9,7 @@ import pytest
 
 import pandas as pd
 
-from jdist.metrics import AUTO_METRICS, Run, RunLog, RunReader, list_runs, missing_seqs, read_run
+from jdist.metrics import AUTO_METRICS, Run, RunLog, RunReader, list_runs, read_run
 from jdist.metrics.store import RecordBatch
 
 
@@ -80,11 +80,6 @@ def test_metric_names_excludes_auto_metrics():
     run = Run("r", 1)
     run.add([rec(0, 0, 0, loss=1.0, comm_time_s=0.0, lr=0.1)])
     assert run.metric_names == ["loss", "lr"]
-
-
-def test_missing_seqs():
-    assert missing_seqs([0, 2, 5], 6) == [1, 3, 4]
-    assert missing_seqs(range(3), 3) == []
 
 
 def test_run_log_round_trip(tmp_path):

@@ -93,16 +93,6 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def missing_seqs(received: Iterable[int], count: int) -> list[int]:
-    """Sequence numbers in ``range(count)`` that are not in ``received``.
-
-    >>> missing_seqs([0, 1, 3], 5)
-    [2, 4]
-    """
-    seen = set(received)
-    return [s for s in range(count) if s not in seen]
-
-
 #: Load samples kept in memory per host (about ten minutes at one a second).
 HOST_SAMPLES = 600
 
