@@ -63,7 +63,7 @@ class RecordBatch(Sequence[Record]):
     >>> b = RecordBatch.from_records([{"rank": 0, "seq": 0, "step": 3, "mem_bytes": 7, "note": "x"}])
     >>> b.columns["step"].dtype, sorted(b.ints), b.extras
     (dtype('float64'), ['mem_bytes', 'step'], {0: {'note': 'x'}})
-    >>> RecordBatch.decode(b.encode())[0]
+    >>> decode_frames(b.encode())[0][0][0]
     {'rank': 0, 'seq': 0, 'step': 3, 'mem_bytes': 7, 'note': 'x'}
     """
 
@@ -174,9 +174,6 @@ class RecordBatch(Sequence[Record]):
     def __iter__(self) -> Iterator[Record]:
         return iter(self.rows())
 
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, RecordBatch)) else NotImplemented
-
     def __repr__(self) -> str:
         return f"RecordBatch({self.n} records: {', '.join(self.columns)})"
 
@@ -221,14 +218,6 @@ class RecordBatch(Sequence[Record]):
                            "extras": {str(i): e for i, e in self.extras.items()}}, default=str).encode()
         return b"".join([_HEAD.pack(FRAME_MAGIC, len(head)), head, *(np.ascontiguousarray(c).tobytes()
                                                                         for c in self.columns.values())])
-
-    @staticmethod
-    def decode(data: bytes) -> RecordBatch:
-        """The batch of one whole frame (:meth:`encode`)."""
-        frames, _ = decode_frames(data)
-        if len(frames) != 1:
-            raise ValueError(f"expected one frame of records, found {len(frames)}")
-        return frames[0]
 
 
 def decode_frames(data: bytes | memoryview) -> tuple[list[RecordBatch], int]:

@@ -4,6 +4,7 @@
  * The panels' colours come with their data (jdist/metrics/panels.py), as in the notebook.
  */
 import { fmt } from './dom';
+import type { IHeatmapPanel } from './protocol';
 
 const SVG = 'http://www.w3.org/2000/svg';
 /** The colour of a series that gives none (every panel of jdist/metrics/panels.py gives its own). */
@@ -357,32 +358,18 @@ export function poolRows(cells: Uint8Array, rows: number, cols: number, most: nu
 /** A value per row (rank) and column (steps) as colour: one pixelated image (a pixel per cell),
  * the rows' host groups on the left, the colour scale on the right. `data-rows`/`data-columns`
  * on the image count its cells (tests read them). */
-export function heatmapChart(opts: {
-  width: number;
-  height: number;
-  title: string;
-  rows: string[];
-  groups: [string, number, number][];
-  x: number[];
-  cells: string;
-  low: number | null;
-  high: number | null;
-  colors: string[];
-  format: (v: number) => string;
-  xTitle: string;
-  className?: string;
-}): SVGSVGElement {
-  const f = frame(opts.width, opts.height, opts.title, []);
+export function heatmapChart(p: IHeatmapPanel, opts: { width: number; height: number; format: (v: number) => string; className?: string }): SVGSVGElement {
+  const f = frame(opts.width, opts.height, p.title, []);
   if (opts.className) {
     f.svg.classList.add(opts.className);
   }
-  const cols = opts.x.length;
-  const rows = opts.rows.length;
-  if (!cols || !rows || opts.low === null || opts.high === null) {
+  const cols = p.x.length;
+  const rows = p.rows.length;
+  if (!cols || !rows || p.low === null || p.high === null) {
     return noData(f);
   }
-  const [pooled, bytes] = poolRows(Uint8Array.from(atob(opts.cells), c => c.charCodeAt(0)), rows, cols, Math.floor(f.plot.height));
-  const table = palette(opts.colors);
+  const [pooled, bytes] = poolRows(Uint8Array.from(atob(p.cells), c => c.charCodeAt(0)), rows, cols, Math.floor(f.plot.height));
+  const table = palette(p.colors);
   const canvas = document.createElement('canvas');
   canvas.width = cols;
   canvas.height = pooled;
@@ -411,7 +398,7 @@ export function heatmapChart(opts: {
   image.dataset.columns = String(cols);
   f.svg.appendChild(image);
   const rowH = f.plot.height / rows;
-  const groups: [string, number, number][] = opts.groups.length ? opts.groups : [[`${opts.rows[0]}–${opts.rows[rows - 1]}`, 0, rows]];
+  const groups: [string, number, number][] = p.groups.length ? p.groups : [[`${p.rows[0]}–${p.rows[rows - 1]}`, 0, rows]];
   let lastLabel = -Infinity;
   for (const [host, first, count] of groups) {
     const mid = f.plot.top + (first + count / 2) * rowH;
@@ -429,10 +416,10 @@ export function heatmapChart(opts: {
   }
   for (const i of [...new Set([0, Math.floor(cols / 2), cols - 1])]) {
     f.svg.appendChild(
-      s('text', { x: left + ((i + 0.5) / cols) * plotW, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, fmt(opts.x[i], 4))
+      s('text', { x: left + ((i + 0.5) / cols) * plotW, y: f.plot.top + f.plot.height + 14, 'text-anchor': 'middle', class: 'jp-jdist-tick' }, fmt(p.x[i], 4))
     );
   }
-  f.svg.appendChild(s('text', { x: left + plotW, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, opts.xTitle));
+  f.svg.appendChild(s('text', { x: left + plotW, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, p.x_title));
   const sx = left + plotW + 8;
   const steps = 20;
   for (let k = 0; k < steps; k++) {
@@ -441,8 +428,8 @@ export function heatmapChart(opts: {
       s('rect', { x: sx, y: f.plot.top + f.plot.height * (1 - (k + 1) / steps), width: 10, height: f.plot.height / steps + 0.5, fill: `rgb(${r},${g},${b})` })
     );
   }
-  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + 8, class: 'jp-jdist-tick' }, opts.format(opts.high)));
-  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + f.plot.height, class: 'jp-jdist-tick' }, opts.format(opts.low)));
+  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + 8, class: 'jp-jdist-tick' }, opts.format(p.high)));
+  f.svg.appendChild(s('text', { x: sx + 12, y: f.plot.top + f.plot.height, class: 'jp-jdist-tick' }, opts.format(p.low)));
   return f.svg;
 }
 

@@ -37,7 +37,7 @@ export function drawPanel(p: Panel, width: number, height: number): SVGSVGElemen
   }
   if (p.kind === 'heatmap') {
     const format = p.unit === 's' ? formatter('s') : p.unit ? formatter(p.unit) : (v: number) => `${Math.round(v * 100)}%`;
-    return heatmapChart({ width, height, title: p.title, rows: p.rows, groups: p.groups, x: p.x, cells: p.cells, low: p.low, high: p.high, colors: p.colors, format, xTitle: p.x_title, className });
+    return heatmapChart(p, { width, height, format, className });
   }
   if (p.kind === 'table') {
     return tableChart({ width, height, title: p.title, columns: p.columns, rows: p.rows, note: p.note, className });
