@@ -230,3 +230,17 @@ def test_integrations_without_their_framework_name_the_extra(name, module, extra
             f"import jdist\ntry:\n    jdist.{name}\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"jdist.{name} needs {module}: pip install 'jdist[{extra}]'"
+
+
+def test_jdist_ray_without_ray_names_the_extra():
+    code = ("import sys; sys.modules['ray'] = None\nimport jdist.ray\n"
+            "try:\n    jdist.ray.fit(object())\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "jdist.ray needs ray: pip install 'jdist[ray]'"
+
+
+def test_jdist_ray_fit_refuses_an_unknown_option_in_one_line():
+    import jdist.ray
+
+    with pytest.raises(TypeError, match="jdist.ray.fit: no cell option 'tensorbord'; the cell options are: .*board"):
+        jdist.ray.fit(object(), tensorbord="runs")

@@ -24,11 +24,14 @@ if TYPE_CHECKING:
 class RecordCollector:
     """Main thread only (sinks may be widgets)."""
 
-    def __init__(self, cluster: ClusterSession, code: str, sinks: Callable[[Run], list[RecordSink]],
-                 on_checkpoint: Callable[[DataMessage], None] | None = None, ranks: Sequence[int] | None = None):
+    def __init__(self, cluster: ClusterSession | None, code: str, sinks: Callable[[Run], list[RecordSink]],
+                 on_checkpoint: Callable[[DataMessage], None] | None = None, ranks: Sequence[int] | None = None,
+                 make_run: Callable[[], Run] | None = None):
         """``ranks``: the ranks the run has (default the cluster's; a sweep's trial: its slot's ranks,
-        numbered from 0 in its records)."""
+        numbered from 0 in its records). ``make_run``: how the run is made, for ranks that are no
+        cluster's (``jdist.ray``: then ``cluster`` is None and nothing is fetched again)."""
         self.cluster = cluster
+        self.make_run = make_run
         self.world_ranks = list(ranks) if ranks is not None else None
         self.code = code
         self.make_sinks = sinks
@@ -43,7 +46,11 @@ class RecordCollector:
 
     def ensure_run(self) -> Run:
         """The cell's run, created (and its sinks started) on first use."""
-        if self.run is None:
+        if self.run is None and self.make_run is not None:
+            self.run = self.make_run()
+            self._started()
+        elif self.run is None:
+            assert self.cluster is not None
             cfg = self.cluster.config
             hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
             if self.world_ranks is not None:
@@ -53,27 +60,32 @@ class RecordCollector:
                            device_kind="cuda" if cfg.gpus else "cpu", code=self.code,
                            cluster_id=self.cluster.cluster_id,
                            hosts=hosts if len(set(hosts.values())) > 1 else {})
-            self.sinks = self.make_sinks(self.run)
-            for sink in self.sinks:
-                sink.start(self.run)
-            if self.paused_ranks:
-                self.paused(self.paused_ranks)
-            for msg in self._hosts_before.values():
-                self._host(msg)
-            self._hosts_before.clear()
+            self._started()
         return self.run
+
+    def _started(self) -> None:
+        """The run exists: its sinks start, with what came before it."""
+        assert self.run is not None
+        self.sinks = self.make_sinks(self.run)
+        for sink in self.sinks:
+            sink.start(self.run)
+        if self.paused_ranks:
+            self.paused(self.paused_ranks)
+        for msg in self._hosts_before.values():
+            self._host(msg)
+        self._hosts_before.clear()
 
     def handle(self, rank: int, msg: DataMessage) -> None:
         self.cells[rank] = msg["cell"]
         kind = msg["kind"]
         if kind == "records":
-            self._add(msg["records"])
+            self.add(msg["records"])
         elif kind == "progress" and msg["total_steps"] is not None:
             self.ensure_run().total_steps = msg["total_steps"]
         elif kind == "cell_end":
             if msg["total_steps"] is not None:
                 self.ensure_run().total_steps = msg["total_steps"]
-            self._add(msg["records"])
+            self.add(msg["records"])
             self.done[rank] = msg["count"]
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
             self.on_checkpoint(msg)
@@ -91,7 +103,7 @@ class RecordCollector:
             if keep is not None:
                 keep(msg)
 
-    def _add(self, records: RecordBatch | list[Record]) -> None:
+    def add(self, records: RecordBatch | list[Record]) -> None:
         """Keep records for the next :meth:`flush` (one batch per poll, whatever the ranks sent)."""
         if len(records):
             self.ensure_run()
@@ -129,6 +141,7 @@ class RecordCollector:
         callbacks are attached, for a very short cell) is asked for its count directly.
         """
         self.flush()
+        assert self.cluster is not None
         unknown = [r for r in ranks if r not in self.done]
         if unknown:
             for rank, (cell, count) in zip(unknown, self.cluster.call("cell_count", ranks=unknown, timeout=10)):
@@ -139,7 +152,7 @@ class RecordCollector:
                        else list(range(count)))
             if missing:
                 recs = self.cluster.call("records", self.cells[rank], missing, ranks=[rank])[0]
-                self._add(recs)
+                self.add(recs)
                 self.flush()
                 fetched += len(recs)
                 if len(recs) < len(missing):

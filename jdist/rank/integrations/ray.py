@@ -1,0 +1,68 @@
+"""A Ray Train worker's jdist session (for ``jdist.ray.fit``, :mod:`jdist.raybridge`).
+
+Opened by Ray Train once the worker's train context exists, before ``train_func`` runs: rank,
+world size and local rank come from ``ray.train.get_context()``; the records of ``jdist.log``
+(and the automatic metrics: step time, memory) travel to the kernel through the run's Ray queue,
+sent by the session's publisher thread every 0.25 s. Closed before the worker shuts down: the
+last records and their count go out then. No process group of jdist's: Ray Train makes its own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import types
+from typing import Any
+
+from jdist.codec import encode_data
+from jdist.protocol import DataMessage
+
+from ..session import RankSession, activate, current
+
+
+class QueueChannel:
+    """A rank's messages into the run's Ray queue (``("data", rank, payload)``; blocks for the
+    queue actor's answer, a few ms, on the publisher thread)."""
+
+    def __init__(self, queue: Any, rank: int):
+        self.queue = queue
+        self.rank = rank
+
+    def publish(self, message: DataMessage) -> None:
+        self.queue.put(("data", self.rank, encode_data(message)))
+
+
+def open_session(queue: Any) -> RankSession:
+    """Make this worker's session current (replacing none: a Ray worker runs one training)."""
+    import ray.train
+
+    from ..backends.base import RankContext
+
+    ctx_ray = ray.train.get_context()
+    device = types.SimpleNamespace(type="cpu", index=None)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device())
+    ctx = RankContext(rank=ctx_ray.get_world_rank(), world_size=ctx_ray.get_world_size(),
+                      local_rank=ctx_ray.get_local_rank(), local_world_size=ctx_ray.get_local_world_size(),
+                      hostname=socket.gethostname(), device=device,
+                      master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), timeout_s=0.0)
+    s = RankSession(ctx=ctx, backend=None, spec=None, channel=QueueChannel(queue, ctx.rank))
+    activate(s)
+    s.begin_cell()
+    s.start_publisher()
+    return s
+
+
+def close_session() -> None:
+    """The rest of the records and their count, then no session."""
+    s = current()
+    if s is None or not isinstance(s.channel, QueueChannel):
+        return
+    s.stop_publisher()
+    s.end_cell()
+    activate(None)
+
+
+__all__ = ["QueueChannel", "close_session", "open_session"]
