@@ -57,9 +57,8 @@ def report_records(index: int, when: float, metrics: list[dict[str, Any]]) -> li
 class WorkerHooks(_callbacks.WorkerCallback, _callbacks.ControllerCallback):
     """The controller's handle to the queue; a jdist session on each worker."""
 
-    def __init__(self, queue: Any, run_id: str):
+    def __init__(self, queue: Any):
         self.queue = queue
-        self.run_id = run_id
 
     def after_controller_start(self, train_run_context: Any) -> None:
         import ray

@@ -79,7 +79,7 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     queue = Queue(actor_options={"num_cpus": 0})
     config = trainer.run_config
     before = config.callbacks
-    config.callbacks = [*(before or []), WorkerHooks(queue, run_id), Reports(queue)]
+    config.callbacks = [*(before or []), WorkerHooks(queue), Reports(queue)]
     code = _code_of(trainer)
 
     def make_run() -> Run:
