@@ -161,6 +161,15 @@ def write_meta(path: Path, run: Any) -> None:
     tmp.replace(path / "meta.json")
 
 
+def current_device() -> Any:
+    """The CUDA device this process already uses, else CPU (``torch.device("cpu")``'s fields, without
+    importing torch): for a session opened in a process another launcher started."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return types.SimpleNamespace(type="cpu", index=None)
+
+
 def open_session(make: Callable[[Any, FileChannel], Any]) -> Any:
     """A session writing to the run log (``make(ctx, channel)``: a
     :class:`~jdist.rank.session.RankSession` without a backend), if a launcher started this process
@@ -173,10 +182,7 @@ def open_session(make: Callable[[Any, FileChannel], Any]) -> Any:
     me = launched_rank()
     if me is None:
         return None
-    device = types.SimpleNamespace(type="cpu", index=None)  # torch.device("cpu") without importing torch
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = current_device()
     ctx = RankContext(rank=me["rank"], world_size=me["world_size"], local_rank=me["local_rank"],
                       local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", me["world_size"])),
                       hostname=socket.gethostname(), device=device,
@@ -207,4 +213,4 @@ def open_session(make: Callable[[Any, FileChannel], Any]) -> Any:
     return s
 
 
-__all__ = ["FileChannel", "LAUNCHERS", "launched_rank", "open_session", "run_id"]
+__all__ = ["FileChannel", "LAUNCHERS", "current_device", "launched_rank", "open_session", "run_id"]

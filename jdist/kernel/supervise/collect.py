@@ -45,35 +45,30 @@ class RecordCollector:
         self._hosts_before: dict[str, HostMessage] = {}  # each host's latest load before the run began
 
     def ensure_run(self) -> Run:
-        """The cell's run, created (and its sinks started) on first use."""
-        if self.run is None and self.make_run is not None:
-            self.run = self.make_run()
-            self._started()
-        elif self.run is None:
-            assert self.cluster is not None
-            cfg = self.cluster.config
-            hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
-            if self.world_ranks is not None:
-                hosts = {i: hosts[r] for i, r in enumerate(self.world_ranks) if r in hosts}
-            world_size = cfg.n if self.world_ranks is None else len(self.world_ranks)
-            self.run = Run(run_id=new_run_id(), world_size=world_size, backend=cfg.backend,
-                           device_kind="cuda" if cfg.gpus else "cpu", code=self.code,
-                           cluster_id=self.cluster.cluster_id,
-                           hosts=hosts if len(set(hosts.values())) > 1 else {})
-            self._started()
+        """The cell's run, created (and its sinks started, with what came before it) on first use."""
+        if self.run is None:
+            self.run = self.make_run() if self.make_run is not None else self._cluster_run()
+            self.sinks = self.make_sinks(self.run)
+            for sink in self.sinks:
+                sink.start(self.run)
+            if self.paused_ranks:
+                self.paused(self.paused_ranks)
+            for msg in self._hosts_before.values():
+                self._host(msg)
+            self._hosts_before.clear()
         return self.run
 
-    def _started(self) -> None:
-        """The run exists: its sinks start, with what came before it."""
-        assert self.run is not None
-        self.sinks = self.make_sinks(self.run)
-        for sink in self.sinks:
-            sink.start(self.run)
-        if self.paused_ranks:
-            self.paused(self.paused_ranks)
-        for msg in self._hosts_before.values():
-            self._host(msg)
-        self._hosts_before.clear()
+    def _cluster_run(self) -> Run:
+        """A new run of the cluster's ranks (or of the sweep slot's)."""
+        assert self.cluster is not None
+        cfg = self.cluster.config
+        hosts = {info["rank"]: info["host"] for info in self.cluster.ranks}
+        if self.world_ranks is not None:
+            hosts = {i: hosts[r] for i, r in enumerate(self.world_ranks) if r in hosts}
+        world_size = cfg.n if self.world_ranks is None else len(self.world_ranks)
+        return Run(run_id=new_run_id(), world_size=world_size, backend=cfg.backend,
+                   device_kind="cuda" if cfg.gpus else "cpu", code=self.code, cluster_id=self.cluster.cluster_id,
+                   hosts=hosts if len(set(hosts.values())) > 1 else {})
 
     def handle(self, rank: int, msg: DataMessage) -> None:
         self.cells[rank] = msg["cell"]

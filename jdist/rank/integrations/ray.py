@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-import types
 from typing import Any
 
 from jdist.codec import encode_data
 from jdist.protocol import DataMessage
 
+from ..filelog import current_device
 from ..session import RankSession, activate, current
 
 
@@ -40,13 +39,9 @@ def open_session(queue: Any) -> RankSession:
     from ..backends.base import RankContext
 
     ctx_ray = ray.train.get_context()
-    device = types.SimpleNamespace(type="cpu", index=None)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device())
     ctx = RankContext(rank=ctx_ray.get_world_rank(), world_size=ctx_ray.get_world_size(),
                       local_rank=ctx_ray.get_local_rank(), local_world_size=ctx_ray.get_local_world_size(),
-                      hostname=socket.gethostname(), device=device,
+                      hostname=socket.gethostname(), device=current_device(),
                       master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), timeout_s=0.0)
     s = RankSession(ctx=ctx, backend=None, spec=None, channel=QueueChannel(queue, ctx.rank))
     activate(s)
