@@ -170,6 +170,9 @@ class ClusterConfig:
                               "blocked in a collective, after which the cell is reported as hung with each rank's "
                               "stack and the ranks are released; healthy training that prints nothing is left alone "
                               "(default 30; 0: off).", Scope.LIVE, type=float, metavar="S")
+    interrupt_grace: float = _option(10.0, ("--interrupt-grace",), "Seconds the ranks have to stop after an "
+                                     "interrupt or a release (SIGINT) before the ranks still running are named "
+                                     "with where they are (default 10).", Scope.LIVE, type=float, metavar="S")
     auto_restart: bool = _option(False, ("--auto-restart",), "If the rank processes die, restart them at once, "
                                  "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint "
                                  "(--auto-restart off: no more).", Scope.LIVE, toggle=True)
@@ -213,6 +216,8 @@ class ClusterConfig:
             raise ValueError(f"--start-timeout must be positive seconds (got {self.start_timeout:g}).")
         if self.watchdog < 0:
             raise ValueError(f"--watchdog must be seconds >= 0 (0 turns it off; got {self.watchdog:g}).")
+        if self.interrupt_grace <= 0:
+            raise ValueError(f"--interrupt-grace must be positive seconds (got {self.interrupt_grace:g}).")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1 (got {self.threads}); leave it out for cores / ranks.")
         if self.port is not None and not 1024 <= self.port <= 65535:

@@ -250,11 +250,11 @@ def test_ctrl_c_in_a_terminal_reaches_every_rank_and_a_second_one_ends_them(work
 
     # ranks that catch KeyboardInterrupt and go on: named with where they are after the grace period
     (work / "stubborn.py").write_text(STUBBORN)
-    term = Terminal("run", "-n", "2", "--output", "all", "--no-live", "stubborn.py")
+    term = Terminal("run", "-n", "2", "--output", "all", "--no-live", "--interrupt-grace", "2", "stubborn.py")
     term.read_until("looping on 1")
     term.ctrl_c()
     assert term.wait() == 130, term.text
-    assert "rank(s) 0, 1 did not stop within 10 s:" in term.text and "stubborn.py" in term.text, term.text
+    assert "rank(s) 0, 1 did not stop within 2 s:" in term.text and "stubborn.py" in term.text, term.text
     entries = json.loads((list_runs(work / "runs")[0] / "errors.json").read_text())
     assert {e["kind"] for e in entries} == {"stuck"} and gone([e["pid"] for e in entries])
     # ... or ended at once by a second Ctrl-C

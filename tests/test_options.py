@@ -115,6 +115,7 @@ def test_start_needs_a_rank_count_and_checks_values():
     with pytest.raises(ValueError, match=r"No cluster is running: start one with %%distributed -n 2"):
         plan({}, None, restart=False)
     for line, fix in [("-n 0", "at least 1"), ("-n 2 --watchdog -1", "--watchdog must be"),
+                      ("-n 2 --interrupt-grace 0", "--interrupt-grace must be positive"),
                       ("-n 2 --port 80", "1024 to 65535"), ("-n 2 --threads 0", "--threads must be at least 1"),
                       ("-n 2 --backend nope", "Unknown backend 'nope'"), ("-n 2 --launcher nope", "Unknown launcher")]:
         with pytest.raises(ValueError, match=fix):

@@ -8,7 +8,7 @@ root-cause error with the failing rank's traceback (ranks jdist released are "re
 hang watchdog, a rank's death with its cause. What the terminal adds:
 
 * Ctrl-C: the first press sends SIGINT to every rank (also ranks blocked in a collective) and
-  waits up to :data:`~jdist.kernel.supervise.report.INTERRUPT_GRACE_S` s, naming the ranks still
+  waits up to ``--interrupt-grace`` s (default 10), naming the ranks still
   running then; a second press (or SIGTERM/SIGHUP) ends the ranks at once.
 * exit codes (:data:`EXIT_CODES`) and ``errors.json`` in the run folder.
 

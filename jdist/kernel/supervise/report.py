@@ -17,10 +17,6 @@ from jdist.metrics import Run
 from ..launch import RankDeath
 from .outcome import CellStatus, Observations, Outcome
 
-#: How long to wait for ranks after an interrupt before telling the user they are stuck.
-INTERRUPT_GRACE_S = 10.0
-
-
 @dataclass
 class CellResult:
     """What happened to one cell: its observations, outcome and run (None if nothing was logged)."""
@@ -31,6 +27,7 @@ class CellResult:
     rebuilt: dict[str, Any] | None = None  # the re-built process group, or where released ranks waited (supervisor)
     stuck_stacks: dict[int, str] = field(default_factory=dict)
     watchdog_s: float = 0.0
+    grace_s: float = 0.0  # --interrupt-grace: how long released or interrupted ranks had to stop
     elapsed_s: float = 0.0
 
     @property
@@ -77,7 +74,7 @@ def fault_notes(result: CellResult) -> list[str]:
         if lost:
             lines.append(f"Not kept: {lost}.")
     if obs.stuck:
-        lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s:")
+        lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {result.grace_s:g} s:")
         lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
         lines.append("Run %dist restart to get the ranks back (their variables are lost; %dist stacks shows where they are).")
     return lines

@@ -8,7 +8,7 @@ detectors (:mod:`~jdist.kernel.supervise.detectors`). Widgets and displays are o
 the main thread (ipykernel 7 rule).
 
 States: RUNNING → (a release or an interrupt) RELEASING → DRAINING → DONE. In RELEASING the
-ranks got SIGINT and have :data:`~jdist.kernel.supervise.report.INTERRUPT_GRACE_S` seconds to
+ranks got SIGINT and have ``--interrupt-grace`` seconds (default 10) to
 stop. In DRAINING the output tail is collected, lost records are fetched again from the ranks,
 and a process group broken by a release is re-built. :func:`jdist.kernel.supervise.outcome.classify`
 then decides what happened. A cell that finished and logged nothing is a set-up cell:
@@ -41,7 +41,7 @@ from .detectors import Detector, Release, Stop, default_detectors
 from .outcome import Observations, classify
 from .output import RankOutput
 from .collect import RecordCollector
-from .report import INTERRUPT_GRACE_S, CellResult
+from .report import CellResult
 from .view import IppCellView, Message
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ class CellSupervisor:
 
     def _start_grace(self) -> None:
         self.phase = Phase.RELEASING
-        self.deadline = time.monotonic() + INTERRUPT_GRACE_S
+        self.deadline = time.monotonic() + self.cluster.config.interrupt_grace
 
     def _pump(self) -> bool:
         """Hand every queued message on; True if there was any (a host's load sample does not count: it
@@ -283,7 +283,7 @@ class CellSupervisor:
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
         return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
-                          watchdog_s=cluster.config.watchdog)
+                          watchdog_s=cluster.config.watchdog, grace_s=cluster.config.interrupt_grace)
 
 
 def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
