@@ -7,26 +7,32 @@ Ray's processes, so they live here, importing neither the kernel nor the rank ru
 - :class:`WorkerHooks` runs on Ray Train's controller (it puts the controller's handle on the
   queue, so an interrupt in the notebook can abort the run) and on every training worker (it opens
   a jdist rank session whose records go to the queue, so ``jdist.log`` in ``train_func`` reaches
-  the dashboard; :mod:`jdist.rank.integrations.ray`);
+  the dashboard, and says at which of its steps the worker reports;
+  :mod:`jdist.rank.integrations.ray`);
 - :class:`Reports` runs on the controller after every ``ray.train.report``: each worker's
   reported numbers go to the queue too.
 
 Queue items are tuples: ``("data", rank, payload)`` with ``payload`` a
-:func:`jdist.codec.encode_data` message; ``("report", index, time, [metrics of rank 0, 1...])``;
+:func:`jdist.codec.encode_data` message; ``("at", rank, step)``: a worker reports now, after its
+``jdist.log`` step ``step`` (None: none yet); ``("report", index, time, [metrics of rank 0, 1...])``;
 ``("controller", handle)``.
 
-Example:
-    >>> first, second = report_records(2, 10.0, [{"loss": 0.5, "note": "x"}, {"loss": 0.7, "step": 40}])
+Example: the third report; worker 1 reported a step, worker 0 had logged step 29 with ``jdist.log``:
+    >>> first, second = report_records(2, 10.0, [{"loss": 0.5, "note": "x"}, {"loss": 0.7, "step": 40}], [29, None])
     >>> first
-    {'rank': 0, 'cell': 1000000, 'seq': 2, 'step': 2, 'time': 10.0, 'loss': 0.5}
+    {'rank': 0, 'cell': 1000000, 'seq': 2, 'step': 29, 'time': 10.0, 'loss': 0.5}
     >>> second["rank"], second["step"], second["loss"]
     (1, 40, 0.7)
+    >>> report_records(2, 10.0, [{"epoch": 1, "loss": 0.5}])[0]["step"]    # no jdist.log steps: the epoch
+    1
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jdist.errors import need
@@ -41,12 +47,29 @@ _callbacks = need("ray.train.v2._internal.execution.callback", "jdist.ray", "ray
 _api = need("ray.train.v2.api.callback", "jdist.ray", "ray")
 
 
-def report_records(index: int, when: float, metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per worker from the ``index``-th ``ray.train.report``: its numbers, at its own
-    ``step`` (or ``epoch``) where it reported one, else at ``index``."""
+#: Ray Train's logger that warns each time it cannot reach Ray's State API (Ray's dashboard serves it).
+CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def without_state_api() -> None:
+    """Set-up hook of the processes of a local Ray that ``jdist.ray.fit`` starts without Ray's dashboard
+    (``ray[train]`` has none): Ray Train's placement-group cleaner cannot query the State API there and
+    would warn every few seconds in the notebook; its warnings are dropped (errors still show)."""
+    import logging
+
+    logging.getLogger(CLEANER_LOGGER).setLevel(logging.ERROR)
+
+
+def report_records(index: int, when: float, metrics: list[dict[str, Any]],
+                   at: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """One record per worker from the ``index``-th ``ray.train.report``: its numbers, at the ``step``
+    it reported; else at the worker's newest ``jdist.log`` step then (``at[rank]``: the report sums up
+    those steps); else at its ``epoch``; else at ``index``."""
     out = []
     for rank, values in enumerate(metrics):
-        step = next((values[k] for k in ("step", "epoch") if type(values.get(k)) is int), index)
+        logged = at[rank] if rank < len(at) else None
+        step = values["step"] if type(values.get("step")) is int else (
+            logged if logged is not None else values["epoch"] if type(values.get("epoch")) is int else index)
         rec: dict[str, Any] = {"rank": rank, "cell": REPORT_CELL, "seq": index, "step": step, "time": when}
         rec.update((k, v) for k, v in values.items()
                    if k not in rec and k != "epoch" and type(v) in (int, float) and not isinstance(v, bool))
@@ -54,8 +77,9 @@ def report_records(index: int, when: float, metrics: list[dict[str, Any]]) -> li
     return out
 
 
-class WorkerHooks(_callbacks.WorkerCallback, _callbacks.ControllerCallback):
-    """The controller's handle to the queue; a jdist session on each worker."""
+class WorkerHooks(_callbacks.WorkerCallback, _callbacks.ControllerCallback, _callbacks.TrainContextCallback):
+    """The controller's handle to the queue; a jdist session on each worker, and the step at which
+    it reports."""
 
     def __init__(self, queue: Any):
         self.queue = queue
@@ -70,6 +94,11 @@ class WorkerHooks(_callbacks.WorkerCallback, _callbacks.ControllerCallback):
 
     def before_worker_shutdown(self) -> None:
         importlib.import_module(WORKER_SIDE).close_session()
+
+    @contextlib.contextmanager
+    def on_report(self) -> Iterator[None]:
+        importlib.import_module(WORKER_SIDE).note_report()
+        yield
 
 
 class Reports(_api.UserCallback):

@@ -72,7 +72,8 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
 
     os.environ.setdefault(HEALTH_CHECK_VAR, HEALTH_CHECK_S)  # read by the controller when fit starts
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True)
+        local = {} if address else {"runtime_env": {"worker_process_setup_hook": "jdist.raybridge.without_state_api"}}
+        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True, **local)
     scaling = trainer.scaling_config
     world = int(scaling.num_workers or 1)
     run_id = new_run_id()
@@ -106,6 +107,7 @@ class _Driver:
         self.world = world
         self.controller: Any = None
         self.ended: set[int] = set()  # workers whose session closed (their last records came)
+        self.report_steps: dict[int, list[Any]] = {}  # per worker: its newest jdist.log step at each report
         self.outcome: dict[str, Any] = {}
 
     def _fit(self) -> None:
@@ -172,10 +174,15 @@ class _Driver:
                 self.collector.handle(rank, message)
                 if message["kind"] == "cell_end":
                     self.ended.add(rank)
+            elif kind == "at":
+                self.report_steps.setdefault(item[1], []).append(item[2])
             elif kind == "report":
                 from jdist.raybridge import report_records
 
-                self.collector.add(report_records(item[1], item[2], item[3]))
+                index = item[1]
+                at = [steps[index] if index < len(steps := self.report_steps.get(r, [])) else None
+                      for r in range(len(item[3]))]
+                self.collector.add(report_records(index, item[2], item[3], at))
             elif kind == "controller":
                 self.controller = item[1]
         self.collector.flush()

@@ -490,8 +490,9 @@ def _time_summary(run: Run) -> list[str]:
     step, comm = run.per_rank_mean("step_time_s", skip_first=True), run.per_rank_mean("comm_time_s", skip_first=True)
     if not step:
         return []
-    return ["step time per rank: " + ", ".join(f"r{r} {step[r] * 1e3:.1f} ms (comm {comm.get(r, 0.0) * 1e3:.1f})"
-                                                for r in sorted(step))]
+    return ["step time per rank: " + ", ".join(
+        f"r{r} {step[r] * 1e3:.1f} ms" + (f" (comm {comm[r] * 1e3:.1f})" if r in comm else "")  # no comm: not timed
+        for r in sorted(step))]
 
 
 def memory_panel(run: Run) -> BarDef:

@@ -82,6 +82,10 @@ class RankSession:
     restored_step: int = 0
     #: Environment variables this rank reports to its launcher (``RankInfo.launcher``).
     report_env: tuple[str, ...] = ()
+    #: Whether anything times this rank's communication (a jdist backend's comm timer). False in a
+    #: process torchrun or Ray Train started: their process group is not jdist's, so records carry step
+    #: time only, no communication/compute split.
+    comm_timed: bool = True
 
     @property
     def backend_name(self) -> str:
@@ -222,7 +226,8 @@ def session() -> RankSession:
     if _current is None:
         from .filelog import open_session
 
-        opened = open_session(lambda ctx, channel: RankSession(ctx=ctx, backend=None, spec=None, channel=channel))
+        opened = open_session(lambda ctx, channel: RankSession(ctx=ctx, backend=None, spec=None, channel=channel,
+                                                                     comm_timed=False))
         if opened is None:
             raise RuntimeError(NOT_SET_UP)
         activate(opened)

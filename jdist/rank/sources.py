@@ -100,7 +100,9 @@ class StepTiming:
 
     CPU ranks: the union of the communication intervals recorded between the two logs. GPU
     ranks: CUDA timing events, read when the batch is published, once they completed, so that
-    no step waits for the GPU.
+    no step waits for the GPU. A session whose communication nothing times
+    (:attr:`~jdist.rank.session.RankSession.comm_timed`: torchrun's or Ray Train's process group) has
+    step time only.
     """
 
     names = ("step_time_s", "comm_time_s", "compute_time_s")
@@ -115,6 +117,12 @@ class StepTiming:
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
         t_last = self.t_last
+        if not s.comm_timed:
+            for entry in entries:
+                entry[REC]["step_time_s"] = entry[T] - t_last
+                t_last = entry[T]
+            self.t_last = t_last
+            return
         for entry in entries:
             rec, t = entry[REC], entry[T]
             step_time = t - t_last

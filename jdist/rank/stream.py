@@ -79,6 +79,16 @@ class RecordStream:
             self._keep(batch)
             channel.publish(RecordsMessage(v=PROTOCOL_VERSION, kind="records", cell=self.cell, records=batch))
 
+    def last_step(self) -> Any:
+        """The step of this cell's newest record (None: none yet). Safe beside the publisher thread."""
+        for part in (self.pending, self.latest, self.first):
+            try:
+                newest = part[-1]
+            except IndexError:  # empty, or emptied by the publisher meanwhile: the record moved on
+                continue
+            return (newest[0] if part is self.pending else newest)["step"]
+        return None
+
     def progress(self, total_steps: int | None) -> ProgressMessage:
         self.total_steps = total_steps
         return ProgressMessage(v=PROTOCOL_VERSION, kind="progress", cell=self.cell, total_steps=total_steps)

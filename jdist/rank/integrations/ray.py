@@ -4,7 +4,8 @@ Opened by Ray Train once the worker's train context exists, before ``train_func`
 world size and local rank come from ``ray.train.get_context()``; the records of ``jdist.log``
 (and the automatic metrics: step time, memory) travel to the kernel through the run's Ray queue,
 sent by the session's publisher thread every 0.25 s. Closed before the worker shuts down: the
-last records and their count go out then. No process group of jdist's: Ray Train makes its own.
+last records and their count go out then. No process group of jdist's: Ray Train makes its own, so
+step time has no communication split.
 """
 
 from __future__ import annotations
@@ -43,11 +44,19 @@ def open_session(queue: Any) -> RankSession:
                       local_rank=ctx_ray.get_local_rank(), local_world_size=ctx_ray.get_local_world_size(),
                       hostname=socket.gethostname(), device=current_device(),
                       master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), timeout_s=0.0)
-    s = RankSession(ctx=ctx, backend=None, spec=None, channel=QueueChannel(queue, ctx.rank))
+    s = RankSession(ctx=ctx, backend=None, spec=None, channel=QueueChannel(queue, ctx.rank), comm_timed=False)
     activate(s)
     s.begin_cell()
     s.start_publisher()
     return s
+
+
+def note_report() -> None:
+    """The worker calls ``ray.train.report``: the step of its newest ``jdist.log`` record goes to the
+    queue first (the controller's report of it comes after), so the kernel puts the report there."""
+    s = current()
+    if s is not None and isinstance(s.channel, QueueChannel):
+        s.channel.queue.put(("at", s.ctx.rank, s.stream.last_step()))
 
 
 def close_session() -> None:
@@ -60,4 +69,4 @@ def close_session() -> None:
     activate(None)
 
 
-__all__ = ["QueueChannel", "close_session", "open_session"]
+__all__ = ["QueueChannel", "close_session", "note_report", "open_session"]
