@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q --durations=12
 
-.PHONY: venv horovod deepspeed chromium testbed labextension demo test test-fast bench lab clean
+.PHONY: venv horovod deepspeed tf chromium testbed labextension demo test test-fast bench lab clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -32,12 +32,17 @@ horovod: venv
 deepspeed: venv
 	$(BIN)/python tools/build_deepspeed_ops.py
 
+# tf-keras (tf.keras for --framework tf's model.fit) without its requirement on the full tensorflow wheel:
+# the venv has tensorflow-cpu (jdist[tf], in jdist[test]). Installed only if missing.
+tf: venv
+	$(BIN)/python -c "import tf_keras" 2>/dev/null || $(BIN)/python -m pip install -q --no-deps "tf-keras==2.21.0"
+
 demo: venv
 	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
 
 # One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
-test: venv horovod deepspeed chromium testbed
+test: venv horovod deepspeed tf chromium testbed
 	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
 
 # The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI

@@ -75,7 +75,8 @@ _LAZY = {
     "read_run": "jdist.metrics",
     "AUTO_METRICS": "jdist.metrics",
 }
-_SUBMODULES = {"kernel", "rank", "server", "metrics", "protocol", "options", "errors", "plugins", "stacks", "procs"}
+_SUBMODULES = {"kernel", "rank", "server", "metrics", "protocol", "options", "errors", "plugins", "stacks", "procs",
+               "keras", "ray"}
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,7 @@ jdist's own plugins are registered the same way (pyproject.toml). :func:`option_
 
 Example:
     >>> available_backends()
-    ['ddp', 'deepspeed', 'fsdp', 'horovod']
+    ['ddp', 'deepspeed', 'fsdp', 'horovod', 'tf']
     >>> backend_spec("ddp").factory
     'jdist.rank.backends.ddp:DDPBackend'
     >>> option_table().option("hosts").flag
@@ -97,7 +97,10 @@ class BackendSpec:
     for other ranks (gradients are all-reduced inside it); ``collective_paths``: path
     fragments of the frames in which a rank waits for the others (hang detection, releases);
     ``spins``: a rank blocked in a collective still keeps a core busy (Horovod's MPI thread
-    polls), so the hang watchdog cannot use its process's CPU time as evidence.
+    polls), so the hang watchdog cannot use its process's CPU time as evidence. ``framework``:
+    what the ranks run, ``"torch"`` (the device pinned with torch, torchrun's environment) or
+    ``"tf"`` (no torch imported on the ranks); ``preimport``: modules each engine imports before
+    it connects (overlapping the controller's start).
     """
 
     name: str
@@ -110,6 +113,8 @@ class BackendSpec:
     spins: bool = False
     options: tuple[Option, ...] = ()
     check: Callable[[ClusterConfig], None] | None = None
+    framework: str = "torch"
+    preimport: tuple[str, ...] = ("torch",)
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run in this environment (with the fix), or None.
@@ -229,6 +234,33 @@ DEEPSPEED = BackendSpec("deepspeed", "jdist.rank.backends.deepspeed:DeepSpeedBac
                         help="DeepSpeed ZeRO engines (stage 1/2/3, optional offload) on jdist's process group")
 
 
+TF_INSTALL_HINT = (
+    "--framework tf needs TensorFlow and tf-keras: pip install 'jdist[tf]' and then "
+    "pip install --no-deps tf-keras==2.21.0 (`make test` does both; tf-keras's own requirement would pull "
+    "the full tensorflow wheel beside tensorflow-cpu)."
+)
+FRAMEWORK = Option("framework", ("--framework",), "tf: TensorFlow ranks (MultiWorkerMirroredStrategy as `strategy`, "
+                   "tf-keras as tf.keras, no torch imported); leave it out for PyTorch ranks.", Scope.RESTART,
+                   choices=("tf",), implies=True)
+
+
+def check_tf(config: ClusterConfig) -> None:
+    """What ``--framework tf`` cannot run, as one line with the fix."""
+    if config.gpus:
+        raise ValueError("--framework tf runs CPU ranks in this version (its GPU path is untested): use -n "
+                         f"{config.n} --framework tf.")
+    if config.precision != "fp32":
+        raise ValueError(f"--precision {config.precision} is torch's autocast; on --framework tf ranks set a Keras "
+                         "policy in a cell instead (tf.keras.mixed_precision.set_global_policy('mixed_bfloat16')) "
+                         "and leave --precision at fp32.")
+
+
+TF = BackendSpec("tf", "jdist.rank.backends.tf:TFBackend", requires=("tensorflow", "tf_keras"),
+                 install_hint=TF_INSTALL_HINT, collective_paths=(), options=(FRAMEWORK,), check=check_tf,
+                 framework="tf", preimport=(),
+                 help="TensorFlow MultiWorkerMirroredStrategy (--framework tf): tf-keras model.fit or custom loops")
+
+
 def _load_specs(group: str, kind: type) -> dict[str, Any]:
     specs = {}
     for name, ep in _entry_points(group).items():
@@ -262,7 +294,7 @@ def backend_spec(name: str) -> BackendSpec:
     >>> backend_spec("nope")
     Traceback (most recent call last):
     ...
-    ValueError: Unknown backend 'nope'. Use --backend with one of: ddp, deepspeed, fsdp, horovod.
+    ValueError: Unknown backend 'nope'. Use --backend with one of: ddp, deepspeed, fsdp, horovod, tf.
     """
     try:
         return backend_specs()[name]

@@ -40,14 +40,16 @@ def test_every_option_has_a_flag_help_and_scope_and_jdists_own_are_config_fields
         assert opt.flag.startswith("-") and opt.help and isinstance(opt.scope, Scope)
     restart = {o.name for o in TABLE.cluster if o.scope is Scope.RESTART}
     assert restart == {"n", "gpus", "backend", "launcher", "encrypt", "timeout", "port",  # jdist's own
-                       "hosts", "hostfile", "ip", "iface", "slurm", "nodes"}  # the ssh and slurm launchers'
+                       "hosts", "hostfile", "ip", "iface", "slurm", "nodes",  # the ssh and slurm launchers'
+                       "framework"}  # the tf backend's
     assert {o.name for o in TABLE.cell} == {o.name for o in CELL_OPTIONS} | {"tensorboard", "mlflow"}
     # each plugin option has its owner: the launchers own theirs, the tracker sinks theirs
     owners = {name: sorted(f"{o.kind}:{o.name}" for o in owned) for name, owned in TABLE.owned.items()}
     assert owners == {"hosts": ["launcher:ssh"], "hostfile": ["launcher:ssh"], "slurm": ["launcher:slurm"],
                       "nodes": ["launcher:slurm"], "ip": ["launcher:slurm", "launcher:ssh"],
                       "iface": ["launcher:slurm", "launcher:ssh"], "tensorboard": ["sink:tensorboard"],
-                      "mlflow": ["sink:mlflow"], "zero": ["backend:deepspeed"], "offload": ["backend:deepspeed"]}
+                      "mlflow": ["sink:mlflow"], "zero": ["backend:deepspeed"], "offload": ["backend:deepspeed"],
+                      "framework": ["backend:tf"]}
 
 
 def test_options_not_given_are_told_apart_from_defaults():

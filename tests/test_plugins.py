@@ -18,7 +18,7 @@ from jdist.plugins import HOROVOD, BackendSpec, available_backends, available_la
 
 
 def test_builtin_backends_and_launchers_come_from_entry_points():
-    assert available_backends() == ["ddp", "deepspeed", "fsdp", "horovod"]
+    assert available_backends() == ["ddp", "deepspeed", "fsdp", "horovod", "tf"]
     for name in available_backends():
         assert backend_spec(name).load().name == name  # the class the ranks import
     assert available_launchers() == ["local-mpi", "slurm", "ssh"]

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from jdist.protocol import NetworkPlan, RankInfo, SetupConfig
 
 from . import process
+from .backends.base import PlainDevice
 from .namespace import install_exit
 from .session import RankSession, activate, describe_rank
 
@@ -50,14 +51,15 @@ def setup(config: SetupConfig) -> RankInfo:
     master_addr = "127.0.0.1" if len(set(world.hosts)) == 1 else rendezvous_address(world, network)
     if master_addr != "127.0.0.1":
         socket_interface(master_addr, network.get("iface") if network else None, world)
-    device = pin_device(world, bool(config.get("gpus")))
     spec = backend_spec(config["backend"])
-    own = {o.name for o in spec.options}
+    device = pin_device(world, bool(config.get("gpus"))) if spec.framework == "torch" else PlainDevice()
+    backend_cls = spec.load()
+    own = {o.name for o in spec.options} | set(backend_cls.own_rank_options)
     options = config.get("options") or {}
     data_pub = _data_pub()
     guard = install_guard(spec, world.rank, None if network else config.get("work_dir"), data_pub)
     s = start_session(world, device, master_addr, spec, guard, data_pub, config,
-                      {k: v for k, v in options.items() if k in own})
+                      {k: v for k, v in options.items() if k in own}, backend_cls())
     apply_options(s, {k: v for k, v in options.items() if k not in own}, at_start=True)
     open_namespace(s)
     if config.get("owner"):
@@ -182,9 +184,9 @@ def sample_sender(data_pub: Any, rank: int) -> Callable[[str], None] | None:
 
 
 def start_session(world: World, device: Any, master_addr: str, spec: Any, guard: Any, data_pub: Any,
-                  config: SetupConfig, backend_options: dict[str, Any]) -> RankSession:
+                  config: SetupConfig, backend_options: dict[str, Any], backend: Any) -> RankSession:
     """The backend's group and this rank's :class:`RankSession` (made current, its publisher
-    running), with the torchrun environment (:mod:`jdist.rank.torchrun`)."""
+    running), with the torchrun environment on torch ranks (:mod:`jdist.rank.torchrun`)."""
     from . import torchrun
     from .backends.base import RankContext
     from .channel import DataPubChannel, NullChannel
@@ -194,12 +196,13 @@ def start_session(world: World, device: Any, master_addr: str, spec: Any, guard:
                       master_addr=master_addr, timeout_s=float(config.get("timeout", 60)), comm=world.comm,
                       work_dir=None if config.get("network") else config.get("work_dir"), port=config.get("port"),
                       guard=guard, options=dict(backend_options))
-    backend = spec.load()()
     guard.marker = backend.collectives_started
     s = RankSession(ctx=ctx, backend=backend, spec=spec,
-                    channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard)
+                    channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard,
+                    comm_timed=backend.times_comm)
     backend.setup(ctx, s.timer)
-    torchrun.install(ctx, config.get("cluster_id") or "jdist")
+    if spec.framework == "torch":
+        torchrun.install(ctx, config.get("cluster_id") or "jdist")
     previous = activate(s)
     if previous is not None:
         previous.stop_publisher()
@@ -232,9 +235,10 @@ APPLY: dict[str, Callable[[RankSession, Any], None]] = {
 
 
 def apply_options(s: RankSession, values: dict[str, Any], at_start: bool = False) -> None:
-    """Apply rank-side option values: jdist's own by :data:`APPLY`, the backend's own by
-    :meth:`Backend.apply_option <jdist.rank.backends.Backend.apply_option>`."""
+    """Apply rank-side option values: jdist's own by :data:`APPLY`, the backend's own (and jdist's that
+    it applies itself, ``own_rank_options``) by :meth:`Backend.apply_option <jdist.rank.backends.Backend.apply_option>`."""
     own = {o.name for o in s.spec.options} if s.spec is not None else set()
+    own |= set(getattr(s.backend, "own_rank_options", ()))
     for name, value in values.items():
         if name in own and s.backend is not None:
             s.backend.apply_option(name, value)
@@ -257,6 +261,8 @@ def open_namespace(s: RankSession) -> None:
     ctx = s.ctx
     shell.user_ns.update(rank=ctx.rank, world_size=ctx.world_size, local_rank=ctx.local_rank, device=ctx.device,
                          jdist=jdist)
+    if s.backend is not None:
+        shell.user_ns.update(s.backend.namespace())
     install_exit(shell)
     from . import debug
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 from jdist.plugins import BackendSpec
 from jdist.protocol import CellEndMessage, Record
 
-from .backends.base import Backend, CommTimer, RankContext
+from .backends.base import Backend, CommTimer, PlainDevice, RankContext
 from .channel import KernelChannel, ListChannel
 from .hostload import HostSampler
 from .sources import MetricSource, default_sources, ready, resolve_deferred
@@ -251,11 +251,8 @@ def activate(new: RankSession | None) -> RankSession | None:
 def local_session(channel: KernelChannel | None = None, backend: Backend | None = None) -> Iterator[RankSession]:
     """A session for this process alone (rank 0 of 1, CPU, no MPI, messages kept in a
     :class:`~jdist.rank.channel.ListChannel`), active inside the ``with`` block, one cell begun."""
-    import types
-
-    device = types.SimpleNamespace(type="cpu", index=None)  # torch.device("cpu") without importing torch
     ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, hostname=socket.gethostname(),
-                      device=device, master_addr="127.0.0.1", timeout_s=60.0)
+                      device=PlainDevice(), master_addr="127.0.0.1", timeout_s=60.0)
     s = RankSession(ctx=ctx, backend=backend, spec=None, channel=channel if channel is not None else ListChannel())
     previous = activate(s)
     try:

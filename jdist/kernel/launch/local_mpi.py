@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from jdist.plugins import backend_spec
 from jdist.procs import alive, mpi_shm_segments, pid_alive
 from jdist.protocol import ProcessIdentity, RankInfo
 from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
@@ -93,7 +94,7 @@ class LocalMPILauncher(RankLauncher):
         exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
             "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file), "jdist-rank",
-            sys.executable, *engine_argv(),
+            sys.executable, *engine_argv(backend_spec(self.config.backend).preimport),
         ]
 
     def note_job(self) -> None:

@@ -27,6 +27,7 @@ ENGINE_MODULE = "ipyparallel.engine"
 #: import (about a second of CPU) then overlaps the controller's start-up, which the engines wait for
 #: to register (measured: the first ``-n 2`` cell 0.5 s sooner, no change at 4 and 8 ranks on 2
 #: cores, where the CPU is the limit). Not in a thread: torch's profiler belongs to the importing thread.
+#: The default; a backend names its own (:attr:`jdist.plugins.BackendSpec.preimport`: none for TF ranks).
 PREIMPORT = ("torch",)
 
 

@@ -49,6 +49,7 @@ from jdist.network import (
     route_source,
 )
 from jdist.options import ClusterConfig, Option, Scope
+from jdist.plugins import backend_spec
 from jdist.procs import popen_alive
 from jdist.protocol import SAMPLE_KEY, NetworkPlan, RankInfo, sample_parent_id
 from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
@@ -223,7 +224,8 @@ class RemoteMPILauncher(RankLauncher):
         ipp_config.MPILauncher.mpi_args = []
         ipp_config.MPILauncher.environment = {"MPI4PY_RC_FINALIZE": "false"}
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
-            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, *engine_argv(),
+            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable,
+            *engine_argv(backend_spec(self.config.backend).preimport),
         ]
         ipp_config.MPIEngineSetLauncher.engine_args = [
             f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}", "--log-level=ERROR",

@@ -47,6 +47,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 
+@dataclass(frozen=True)
+class PlainDevice:
+    """A rank's device where torch is not imported (``--framework tf``): the part of ``torch.device``
+    that jdist reads.
+
+    >>> str(PlainDevice()), PlainDevice().type
+    ('cpu', 'cpu')
+    """
+
+    type: str = "cpu"
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
 @dataclass
 class RankContext:
     """Everything a backend needs to know about the rank it runs on."""
@@ -262,6 +278,11 @@ class Backend(ABC):
     #: The backend's engine runs the forward in ``--precision`` and scales fp16 losses itself:
     #: jdist adds no autocast and no GradScaler (it tells the engine with :meth:`set_precision`).
     owns_precision: bool = False
+    #: jdist's own rank-side options (``--threads``, ``--precision``) that this backend applies itself
+    #: (:meth:`apply_option`, and in ``ctx.options`` at :meth:`setup`) instead of jdist's torch code.
+    own_rank_options: tuple[str, ...] = ()
+    #: The backend reports its communication to the comm timer (records get a comm/compute split).
+    times_comm: bool = True
     #: Set by :meth:`setup`.
     ctx: RankContext | None = None
 
@@ -307,6 +328,10 @@ class Backend(ABC):
 
     def set_gradient_sync(self, model: Any, sync: bool) -> None:
         """Whether the next backward pass of ``model`` synchronises gradients (accumulation)."""
+
+    def namespace(self) -> dict[str, Any]:
+        """Names the backend adds to the cells' namespace (``--framework tf``: ``strategy``, ``tf``)."""
+        return {}
 
     def apply_option(self, name: str, value: Any) -> None:
         """One of the backend's own options changed on the running cluster (a live option of its

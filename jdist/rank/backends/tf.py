@@ -1,0 +1,116 @@
+"""``--framework tf``: TensorFlow's ``MultiWorkerMirroredStrategy`` on jdist's ranks, without torch.
+
+Set-up on every rank, before any TensorFlow op runs in the process (TF configures its collectives
+once, when its eager context starts): the rank takes a free port on its address (loopback when all
+ranks share a host), the ranks exchange ``address:port`` over MPI, ``TF_CONFIG`` names the workers
+in rank order with this rank as its ``task``, TF's threads are set (``--threads``, default cores /
+local ranks), and one ``MultiWorkerMirroredStrategy`` is made with
+``CommunicationOptions(timeout_seconds=--timeout)``: a collective that waits longer raises
+instead of hanging. It is the cells' ``strategy`` for the ranks' lifetime (TensorFlow cannot make
+another in the same process: a new one needs ``%dist restart``). ``tf.keras`` is tf-keras
+(``TF_USE_LEGACY_KERAS=1``): Keras 3's ``model.fit`` fails under this strategy (keras-team/keras#20585).
+
+What TensorFlow does not offer jdist, and what that means (docs/frameworks.md#tensorflow):
+no hook into its collectives, so records carry step time only (no communication split); a
+collective blocked in C++ does not see SIGINT, so it ends at the ``--timeout`` (then TF's
+collectives are unusable in the process: ``%dist restart``).
+
+On a rank (``strategy`` and ``tf`` are in the cell namespace)::
+
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)]); model.compile("sgd", "mse")
+    model.fit(ds, epochs=3, callbacks=[jdist.keras.Callback()])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from .base import Backend, CommTimer, RankContext
+
+#: Set before TensorFlow is imported on the ranks (unless the user's environment sets them).
+TF_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+#: What a torch-only call says on these ranks.
+NOT_TORCH = ("--framework tf ranks run TensorFlow, not torch: build the Keras model under `with strategy.scope():` "
+             "and train it with model.fit(..., callbacks=[jdist.keras.Callback()]) or a custom loop with "
+             "strategy.run; for torch models start torch ranks (%%distributed -n N --backend ddp --restart).")
+
+
+def worker_address(ctx: RankContext) -> str:
+    """The address other ranks reach this rank's TF server at: loopback on one host, else the
+    address this host's route to rank 0 leaves from."""
+    if ctx.single_host:
+        return "127.0.0.1"
+    from jdist.network import route_source
+
+    return ctx.master_addr if ctx.rank == 0 else route_source(ctx.master_addr)
+
+
+def tf_config(workers: list[str], rank: int) -> dict[str, Any]:
+    """``TF_CONFIG`` for worker ``rank`` of ``workers`` (``address:port``, in rank order).
+
+    >>> tf_config(["127.0.0.1:5000", "127.0.0.1:5001"], 1)
+    {'cluster': {'worker': ['127.0.0.1:5000', '127.0.0.1:5001']}, 'task': {'type': 'worker', 'index': 1}}
+    """
+    return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": rank}}
+
+
+class TFBackend(Backend):
+    """``--framework tf`` (``--backend tf``): one ``MultiWorkerMirroredStrategy`` per rank process."""
+
+    name = "tf"
+    #: jdist's rank-side options this backend applies itself (not torch's ``--threads``).
+    own_rank_options = ("threads", "precision")
+    #: Nothing times TensorFlow's collectives: records carry step time only.
+    times_comm = False
+
+    def __init__(self) -> None:
+        self.strategy: Any = None
+        self.threads: int | None = None
+
+    def setup(self, ctx: RankContext, timer: CommTimer) -> None:
+        self.ctx = ctx
+        for key, value in TF_ENV.items():
+            os.environ.setdefault(key, value)
+        import tensorflow as tf
+
+        threads = ctx.options.get("threads") or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        self.threads = threads
+        address = worker_address(ctx)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            port = probe.getsockname()[1]
+        workers = ctx.comm.allgather(f"{address}:{port}")
+        os.environ["TF_CONFIG"] = json.dumps(tf_config(workers, ctx.rank))
+        comm = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=ctx.timeout_s, implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+
+    def namespace(self) -> dict[str, Any]:
+        import tensorflow as tf
+
+        return {"strategy": self.strategy, "tf": tf}
+
+    def apply_option(self, name: str, value: Any) -> None:
+        assert self.ctx is not None
+        if name == "threads" and value is not None and int(value) != self.threads:
+            raise ValueError(f"--threads {value}: TensorFlow sets its threads once, when its ranks start; "
+                             f"use %%distributed --threads {value} --restart.")
+        self.ctx.options[name] = value
+
+    def prepare_model(self, model: Any, **options: Any) -> Any:
+        raise TypeError(NOT_TORCH)
+
+    def collectives_started(self) -> str | None:
+        return None  # no hook into TensorFlow's collectives
+
+    def recreate_group(self) -> Any:
+        raise RuntimeError("TensorFlow's collectives cannot be made again in a rank process; run %dist restart")
+
+    def teardown(self) -> None:
+        self.strategy = None

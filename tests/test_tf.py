@@ -1,0 +1,100 @@
+"""--framework tf: TensorFlow's MultiWorkerMirroredStrategy on 2 real CPU ranks of a real kernel
+(jdist/rank/backends/tf.py, jdist/rank/integrations/keras.py): set-up without torch, tf-keras
+model.fit with jdist.keras.Callback, a custom training loop, and bad input as one line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import KernelSession
+
+pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip install 'jdist[tf]' (make test does)")
+pytest.importorskip("tf_keras", reason="tf-keras is not installed: make tf")
+
+pytestmark = pytest.mark.cluster
+
+# every rank's weights, gathered over MPI: the largest difference from rank 0's (0.0: equal)
+WEIGHTS_EQUAL = """
+import numpy as np
+from mpi4py import MPI
+mine = np.concatenate([w.numpy().ravel() for w in {model}.weights])
+every = MPI.COMM_WORLD.allgather(mine)
+print("weights differ by", max(float(np.abs(w - every[0]).max()) for w in every), "over", mine.size, "values")
+"""
+
+
+@pytest.fixture(scope="module")
+def tf_ranks(kernel: KernelSession) -> KernelSession:
+    """A 2-rank --framework tf cluster shared by this module's tests."""
+    out = kernel.run("%%distributed -n 2 --framework tf --timeout 30 --output all\n"
+                     "import sys\n"
+                     "print(f'rank {rank}: replicas {strategy.num_replicas_in_sync}, torch loaded: {\"torch\" in sys.modules}')")
+    assert out.stdout.count("replicas 2, torch loaded: False") == 2, out.stdout + out.shown
+    return kernel
+
+
+def test_model_fit_under_the_strategy_streams_each_ranks_batches_and_ends_with_equal_weights(tf_ranks):
+    out = tf_ranks.run("%%distributed\n"
+                       "import numpy as np\n"
+                       "rng = np.random.default_rng(0)\n"
+                       "x = rng.normal(size=(512, 8)).astype('float32'); y = x @ np.linspace(-1, 1, 8).astype('float32')\n"
+                       "ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)\n"
+                       "with strategy.scope():\n"
+                       "    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation='relu'),\n"
+                       "                                 tf.keras.layers.Dense(1)])\n"
+                       "    model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss='mse')\n"
+                       "history = model.fit(ds, epochs=3, verbose=0, callbacks=[jdist.keras.Callback()])\n"
+                       + WEIGHTS_EQUAL.format(model="model"))
+    assert "weights differ by 0.0 over 161 values" in out.stdout, out.stdout + out.shown
+    h = tf_ranks.value("jdist.last_run().history.groupby('rank').step.agg(['count', 'max']).to_dict('list')")
+    assert h == {"count": [24, 24], "max": [23, 23]}  # 512 samples in batches of 64: 8 steps per epoch, 3 epochs
+    run = tf_ranks.value("(lambda r: (r.backend, r.status, r.has('loss'), r.has('comm_time_s'), r.has('step_time_s')))"
+                         "(jdist.last_run())")
+    assert run == ("tf", "finished", True, False, True)  # step time, no communication split: nothing times TF's
+    losses = tf_ranks.value("[round(v, 4) for v in jdist.last_run().history.query('rank == 0').loss.iloc[[0, -1]]]")
+    assert losses[1] < losses[0] / 2
+
+
+def test_a_custom_training_loop_with_strategy_run(tf_ranks):
+    out = tf_ranks.run("%%distributed\n"
+                       "with strategy.scope():\n"
+                       "    loop_model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])\n"
+                       "    opt = tf.keras.optimizers.SGD(0.05)\n"
+                       "dist_ds = strategy.experimental_distribute_dataset(ds)\n"
+                       "@tf.function\n"
+                       "def train_step(batch):\n"
+                       "    def step(xb, yb):\n"
+                       "        with tf.GradientTape() as tape:\n"
+                       "            per_example = tf.keras.losses.mean_squared_error(yb[:, None], loop_model(xb))\n"
+                       "            loss = tf.nn.compute_average_loss(per_example, global_batch_size=64)\n"
+                       "        grads = tape.gradient(loss, loop_model.trainable_variables)\n"
+                       "        opt.apply_gradients(zip(grads, loop_model.trainable_variables))\n"
+                       "        return loss\n"
+                       "    return strategy.reduce('SUM', strategy.run(step, args=batch), axis=None)\n"
+                       "for i, batch in enumerate(dist_ds):\n"
+                       "    jdist.log(step=i, loss=float(train_step(batch)))\n"
+                       + WEIGHTS_EQUAL.format(model="loop_model"))
+    assert "weights differ by 0.0 over 9 values" in out.stdout, out.stdout + out.shown
+    assert tf_ranks.value("jdist.last_run().history.groupby('rank').size().tolist()") == [8, 8]
+
+
+def test_only_tensorflows_grpc_servers_listen_beyond_loopback(tf_ranks):
+    """TF's worker servers bind 0.0.0.0 on their TF_CONFIG port (hard-coded in TF's gRPC server: no
+    option binds one address); every other listener of the ranks stays on loopback."""
+    out = tf_ranks.run("%%distributed --output all\n"
+                       "import json, os, psutil\n"
+                       "mine = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][rank].rsplit(':', 1)\n"
+                       "wide = sorted({c.laddr.port for c in psutil.Process().net_connections('inet')\n"
+                       "               if c.status == 'LISTEN' and not c.laddr.ip.startswith('127.')})\n"
+                       "print(f'rank {rank}: TF_CONFIG {mine[0]}, beyond loopback: {wide == [int(mine[1])]}')")
+    assert out.stdout.count("TF_CONFIG 127.0.0.1, beyond loopback: True") == 2, out.stdout + out.shown
+
+
+def test_torch_calls_and_torch_only_options_are_one_line(tf_ranks):
+    out = tf_ranks.run("%%distributed\nimport torch\njdist.prepare(torch.nn.Linear(2, 1))", allow_error=True)
+    assert "--framework tf ranks run TensorFlow, not torch" in out.shown, out.shown
+    out = tf_ranks.run("%%distributed --precision bf16\nprint(rank)", allow_error=True)
+    assert "--precision bf16 is torch's autocast" in out.shown and "Traceback" not in out.shown, out.shown
+    out = tf_ranks.run("%%distributed --framework tf --backend ddp --restart\nprint(rank)", allow_error=True)
+    assert "--framework selects --backend tf; drop --backend ddp." in out.shown, out.shown
+    out = tf_ranks.run("%%distributed --threads 2\nprint(rank)", allow_error=True)
+    assert "use %%distributed --threads 2 --restart" in out.shown, out.shown
