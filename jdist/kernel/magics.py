@@ -123,6 +123,9 @@ class DistributedMagics(Magics):
         if result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")
             notes.append(recovery.restart(cluster, _say))
+        elif result.unusable:
+            _say("jdist: the ranks' collectives cannot be used again in their processes; restarting the ranks...")
+            notes.append(recovery.restart(cluster, _say))
         raise_for_result(result, cluster.config.n, notes)
 
     def _check_syntax(self, cell: str) -> None:

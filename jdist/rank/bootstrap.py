@@ -284,7 +284,10 @@ def _post_cell(result: Any = None) -> None:
     from . import debug
     from .session import current
 
-    debug.note_failure(getattr(result, "error_in_exec", None))  # for %dist debug (a post-mortem)
+    error = getattr(result, "error_in_exec", None)
+    debug.note_failure(error)  # for %dist debug (a post-mortem)
     s = current()
     if s is not None:
+        if s.backend is not None:
+            s.backend.cell_ended(error)
         s.end_cell()

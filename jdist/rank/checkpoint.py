@@ -10,6 +10,9 @@ How model and optimizer state are written is the backend's (:meth:`Backend.save_
 - ddp, horovod (replicated state): rank 0 writes one ``torch.save`` file at ``path``.
 - fsdp (sharded state): ``path`` is a directory written by ``torch.distributed.checkpoint``,
   each rank saving its own shards, plus ``jdist.pt`` with the rest.
+- tf (``--framework tf``): ``path`` is a directory with rank 0's ``tf.train.Checkpoint`` of the Keras
+  model and optimizer plus ``jdist.pkl``; every rank writes (TF's strategy needs it), the others to
+  a copy that is deleted. torch is not imported: RNG states are Python's and NumPy's.
 
 Both are written under a temporary name and renamed when complete, so a checkpoint
 that exists is whole. :func:`checkpoint_every` saves automatically every N logged steps (a log hook of the session).
@@ -27,6 +30,7 @@ import contextlib
 import os
 import random
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -40,11 +44,13 @@ FORMAT = 1
 
 
 def _rng_state(ctx: Any) -> dict[str, Any]:
-    import torch
-
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if ctx.device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    """This rank's random number generators: Python's, NumPy's, and torch's (CPU, CUDA) where torch is loaded."""
+    state: dict[str, Any] = {"python": random.getstate()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if ctx.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(ctx.device)
     try:
         import numpy
 
@@ -55,12 +61,13 @@ def _rng_state(ctx: Any) -> dict[str, Any]:
 
 
 def _set_rng_state(ctx: Any, state: dict[str, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    if "cuda" in state and ctx.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], ctx.device)
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and ctx.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], ctx.device)
     if "numpy" in state:
         import numpy
 
@@ -68,9 +75,8 @@ def _set_rng_state(ctx: Any, state: dict[str, Any]) -> None:
 
 
 def _inner_optimizer(optimizer: Any) -> Any:
-    from .training import PreparedOptimizer
-
-    return optimizer.optimizer if isinstance(optimizer, PreparedOptimizer) else optimizer
+    training = sys.modules.get("jdist.rank.training")  # not loaded: nothing was prepared (TF ranks: no torch)
+    return optimizer.optimizer if training is not None and isinstance(optimizer, training.PreparedOptimizer) else optimizer
 
 
 def _common(s: RankSession, step: int | None, scheduler: Any, loader: Any, extra: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +140,6 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
 
     >>> state = jdist.load_checkpoint("ckpt/step-10", model=model, optimizer=opt)  # doctest: +SKIP
     """
-    from .training import scaler
-
     s = session()
     ctx, backend = s.ctx, _backend(s)
     path = Path(path).absolute()
@@ -161,6 +165,8 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
     if scheduler is not None and meta.get("scheduler") is not None:
         scheduler.load_state_dict(meta["scheduler"])
     if meta.get("scaler") is not None:
+        from .training import scaler
+
         scaler(s).load_state_dict(meta["scaler"])
     if loader is not None and meta.get("loader") is not None:
         if not hasattr(loader, "load_state_dict"):
@@ -187,7 +193,7 @@ def _keeping_param_groups(optimizer: Any) -> Iterator[None]:
     """``Optimizer.load_state_dict`` replaces the param-group dicts. A scheduler built on the
     optimizer before ``jdist.prepare`` (or Horovod's wrapper, which shares them) would then
     set the learning rate on stale dicts: copy the loaded values into the original ones."""
-    if optimizer is None:
+    if optimizer is None or not hasattr(optimizer, "param_groups"):  # none, or not torch's (Keras)
         yield
         return
     groups = optimizer.param_groups

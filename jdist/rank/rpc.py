@@ -49,9 +49,11 @@ def records(cell: int, seqs: list[int]) -> list[Record]:
 
 
 def guard_state() -> dict[str, str | None]:
-    """Whether this rank broke the process group (a release) and where it was waiting."""
-    guard = session().guard
-    return guard.state() if guard is not None else {"broken": None, "released_from": None}
+    """Whether this rank broke the process group (a release), where it was waiting, and why its
+    communication cannot be used again in this process (``unusable``: the ranks must restart)."""
+    s = session()
+    state = s.guard.state() if s.guard is not None else {"broken": None, "released_from": None}
+    return {**state, "unusable": s.backend.unusable() if s.backend is not None else None}
 
 
 def rebuild_group() -> dict[str, Any]:

@@ -28,6 +28,8 @@ class CellResult:
     stuck_stacks: dict[int, str] = field(default_factory=dict)
     watchdog_s: float = 0.0
     grace_s: float = 0.0  # --interrupt-grace: how long released or interrupted ranks had to stop
+    #: ranks whose communication cannot be used again in their process, and why: the ranks must restart
+    unusable: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
     @property
@@ -65,6 +67,10 @@ def fault_notes(result: CellResult) -> list[str]:
         for r in obs.released:
             how = f"it was waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt"
             lines.append(f"rank {r}: released because {why} ({how}).")
+    if result.unusable:
+        reasons = sorted(set(result.unusable.values()))
+        lines.append(f"{rank_ranges(sorted(result.unusable)).capitalize()}: the collectives cannot be used again in "
+                     f"these processes ({'; '.join(reasons)}).")
     if "error" in rep:
         lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
     elif result.rebuilt and rep.get("rebuilt", True):

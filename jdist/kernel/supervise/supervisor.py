@@ -277,13 +277,26 @@ class CellSupervisor:
             except Exception as exc:  # say so rather than hide it
                 print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
         self.output.close()
-        rebuilt = None
-        if obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
+        rebuilt, unusable = None, {}
+        if obs.death is None and not obs.stuck and (obs.failures or obs.interrupted or obs.released):
+            unusable = unusable_ranks(cluster)
+        if not unusable and obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
             rebuilt = rebuild_group(cluster) if self.rebuild else released_where(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
         return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
-                          watchdog_s=cluster.config.watchdog, grace_s=cluster.config.interrupt_grace)
+                          watchdog_s=cluster.config.watchdog, grace_s=cluster.config.interrupt_grace,
+                          unusable=unusable)
+
+
+def unusable_ranks(cluster: ClusterSession) -> dict[int, str]:
+    """Ranks whose communication cannot be used again in their process, and why (``--framework tf``
+    after a failed collective: :meth:`Backend.unusable <jdist.rank.backends.Backend.unusable>`)."""
+    try:
+        states = cluster.call("guard_state", timeout=10)
+    except Exception:  # ranks that cannot answer: the cell's report says what happened to them
+        return {}
+    return {r: st["unusable"] for r, st in enumerate(states) if st.get("unusable")}
 
 
 def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:

@@ -329,6 +329,15 @@ class Backend(ABC):
     def set_gradient_sync(self, model: Any, sync: bool) -> None:
         """Whether the next backward pass of ``model`` synchronises gradients (accumulation)."""
 
+    def cell_ended(self, error: BaseException | None) -> None:
+        """A cell ended on this rank, with ``error`` if it raised (``--framework tf`` notes a failed
+        collective there). Default: nothing."""
+
+    def unusable(self) -> str | None:
+        """Why this rank's communication cannot be used again in this process (the kernel then restarts
+        the ranks), or None. Default: None (a broken group is re-created by :meth:`recreate_group`)."""
+        return None
+
     def namespace(self) -> dict[str, Any]:
         """Names the backend adds to the cells' namespace (``--framework tf``: ``strategy``, ``tf``)."""
         return {}

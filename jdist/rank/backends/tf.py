@@ -11,9 +11,11 @@ another in the same process: a new one needs ``%dist restart``). ``tf.keras`` is
 (``TF_USE_LEGACY_KERAS=1``): Keras 3's ``model.fit`` fails under this strategy (keras-team/keras#20585).
 
 What TensorFlow does not offer jdist, and what that means (docs/frameworks.md#tensorflow):
-no hook into its collectives, so records carry step time only (no communication split); a
-collective blocked in C++ does not see SIGINT, so it ends at the ``--timeout`` (then TF's
-collectives are unusable in the process: ``%dist restart``).
+no hook into its collectives, so records carry step time only (no communication split); and a
+collective cannot be released: one that timed out (``--timeout``) makes TF fail every later one in
+the process, and one interrupted in TF's code stays pending so that the ranks' next collectives pair
+up wrongly (both measured). :meth:`TFBackend.unusable` says so after such a cell, and the kernel
+restarts the ranks (set-up cells replayed, newest checkpoint restored).
 
 On a rank (``strategy`` and ``tf`` are in the cell namespace)::
 
@@ -26,7 +28,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
+import shutil
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 from .base import Backend, CommTimer, RankContext
@@ -58,10 +65,57 @@ def tf_config(workers: list[str], rank: int) -> dict[str, Any]:
     return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": rank}}
 
 
+def collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a TensorFlow collective that failed (timed out, a peer gone): TF then fails
+    every later collective of the process at once ("Restart your program to reset"; measured). An
+    interrupt that was pending when it failed turns TF's error into pybind11's RuntimeError naming it.
+
+    >>> collective_failure(RuntimeError("MISMATCH ... ORIGINAL DeadlineExceededError REPLACED BY KeyboardInterrupt"))
+    True
+    >>> collective_failure(ValueError("bad shape"))
+    False
+    """
+    errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    if errors is not None and isinstance(error, errors.OpError):
+        return "Collective" in str(error)
+    return isinstance(error, RuntimeError) and "ORIGINAL DeadlineExceededError" in str(error)
+
+
+def _tensorflow_frame(error: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of TensorFlow's own Python in ``error``'s traceback, or None."""
+    where = None
+    tb = error.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if "/tensorflow/python/" in path:
+            where = f"{path.rsplit('/tensorflow/', 1)[1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's first line without TF's ``{{function_node ...}}`` prefix.
+
+    >>> _first_line(RuntimeError("{{function_node __wrapped__X}} Collective has timed out. [Op:X] name:\\nmore"))
+    'Collective has timed out. [Op:X] name:'
+    """
+    text = re.sub(r"\{\{.*?\}\}\s*", "", str(error)).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _trackables(model: Any, optimizer: Any) -> dict[str, Any]:
+    objects = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v is not None}
+    if not objects:
+        raise ValueError("save_checkpoint/load_checkpoint on --framework tf ranks need model= (a Keras model) "
+                         "and/or optimizer=.")
+    return objects
+
+
 class TFBackend(Backend):
     """``--framework tf`` (``--backend tf``): one ``MultiWorkerMirroredStrategy`` per rank process."""
 
     name = "tf"
+    checkpoint_layout = "dir"
     #: jdist's rank-side options this backend applies itself (not torch's ``--threads``).
     own_rank_options = ("threads", "precision")
     #: Nothing times TensorFlow's collectives: records carry step time only.
@@ -70,6 +124,7 @@ class TFBackend(Backend):
     def __init__(self) -> None:
         self.strategy: Any = None
         self.threads: int | None = None
+        self.failed: str | None = None  # a collective that failed: TF's collectives are unusable from then on
 
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
         self.ctx = ctx
@@ -109,8 +164,43 @@ class TFBackend(Backend):
     def collectives_started(self) -> str | None:
         return None  # no hook into TensorFlow's collectives
 
+    def cell_ended(self, error: BaseException | None) -> None:
+        if self.failed is not None or error is None:
+            return
+        if collective_failure(error):
+            self.failed = f"{type(error).__name__}: {_first_line(error)}"
+        elif isinstance(error, KeyboardInterrupt) and (where := _tensorflow_frame(error)):
+            self.failed = (f"interrupted in TensorFlow at {where}: a collective it had started stays pending, "
+                           "and the ranks' next collectives would pair up wrongly")
+
+    def unusable(self) -> str | None:
+        return self.failed
+
     def recreate_group(self) -> Any:
         raise RuntimeError("TensorFlow's collectives cannot be made again in a rank process; run %dist restart")
+
+    def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
+        """Every rank writes a ``tf.train.Checkpoint`` of ``model`` and ``optimizer`` (the strategy's
+        variables are saved collectively: rank 0 alone would wait for the others, measured as a hang);
+        rank 0's goes to ``path`` with ``jdist.pkl`` (``meta``), the others' to a copy deleted at once."""
+        import tensorflow as tf
+
+        assert self.ctx is not None
+        target = path if self.ctx.rank == 0 else path.with_name(f"{path.name}.rank-{self.ctx.rank}")
+        target.mkdir(parents=True, exist_ok=True)
+        tf.train.Checkpoint(**_trackables(model, optimizer)).write(str(target / "tf"))
+        if self.ctx.rank == 0:
+            (path / "jdist.pkl").write_bytes(pickle.dumps(meta))
+        else:
+            shutil.rmtree(target)
+
+    def load_state(self, path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
+        """Restore ``model`` and ``optimizer`` from rank 0's ``tf.train.Checkpoint`` in ``path`` (variables
+        not created yet, such as an optimizer's slots before its first step, are restored when they are)."""
+        import tensorflow as tf
+
+        tf.train.Checkpoint(**_trackables(model, optimizer)).read(str(path / "tf")).assert_existing_objects_matched()
+        return pickle.loads((path / "jdist.pkl").read_bytes())
 
     def teardown(self) -> None:
         self.strategy = None
