@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import RankFailure, remote_errors, strip_ansi
+from jdist.errors import ClusterError, RankFailure, remote_errors, strip_ansi
 from jdist.metrics import default_run_dir
 from jdist.protocol import FOLDER_NAME, TUNE_REPLY, RankCall
 
@@ -358,7 +358,10 @@ class Sweep:
         while True:
             try:
                 self._check_entered()
-                self._dispatch(name)
+                try:
+                    self._dispatch(name)
+                except ClusterError:  # a slot's rank died since the last look: say it as a death
+                    self._rank_died(optuna, self._dead_ranks_soon())
                 if not self.running and not self.ending and self.entering is None:
                     return
                 self.wake.wait(0.05 if self.ending else 0.25)
@@ -393,6 +396,16 @@ class Sweep:
                     return
                 self.interrupted = True
                 self._stop_all("interrupted")
+
+    def _dead_ranks_soon(self) -> list[int]:
+        """The dead ranks, once the launcher has seen the death that the client saw first (ClusterError
+        again if it has not within 5 s)."""
+        deadline = time.monotonic() + 5
+        while not (dead := self.cluster.dead_ranks()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not dead:
+            self.cluster.engine_ids()  # raises the ClusterError that names the ranks gone
+        return dead
 
     def _rank_died(self, optuna: Any, dead: list[int]) -> None:
         """A rank's process ended: MPI cannot go on without it, so the sweep stops here (the launcher ends
@@ -447,17 +460,25 @@ class Sweep:
             self.study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
 
     def _send(self, slot: int, name: str) -> TrialRun:
+        ranks = self.slots[slot]
+        self.cluster.engine_ids(ranks)  # ClusterError if one died: before a trial is asked that none would run
         space = self.space.calculate(self.study)  # the parameters every finished trial had, same distribution
         trial = self.study.ask(fixed_distributions=space) if space else self.study.ask()
         given = {n: (*as_request(d), trial.params[n]) for n, d in space.items()}
-        ranks = self.slots[slot]
         trial.set_user_attr("jdist_slot", slot)
         trial.set_user_attr("jdist_ranks", ranks)
         inbox = _Wake(self.wake)
         records = RecordCollector(self.cluster, f"jdist.tune {self.study.study_name}: trial {trial.number}",
                                   lambda run: [RunLogSink(str(self.folder / "trials"))], ranks=ranks)
-        view = IppCellView(self.cluster.apply_async(RankCall("tune_trial"), trial.number, name, given,
-                                                      ranks=ranks), ranks)
+        try:
+            ar = self.cluster.apply_async(RankCall("tune_trial"), trial.number, name, given, ranks=ranks)
+        except ClusterError:  # a rank died after the check above: the trial asked for it fails
+            import optuna
+
+            trial.set_user_attr("jdist_error", "a rank of its slot died before it started")
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        view = IppCellView(ar, ranks)
         view.on_each_done(self.wake.set)
         view.attach(inbox)
         return TrialRun(slot, ranks, trial, view, inbox, records)
