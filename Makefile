@@ -63,7 +63,7 @@ testbed:
 labextension: venv
 	VENV=$(VENV) tools/build_labextension.sh
 
-bench: venv horovod deepspeed chromium
+bench: venv horovod deepspeed tf chromium
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_dashboard.py
 	$(BIN)/python benchmarks/bench_backends.py --repeats 4
@@ -72,6 +72,8 @@ bench: venv horovod deepspeed chromium
 	$(BIN)/python benchmarks/bench_tune.py --repeats 3
 	$(BIN)/python benchmarks/bench_debug.py
 	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_ray.py
+	$(BIN)/python benchmarks/bench_tf.py
 
 lab: venv
 	$(BIN)/python -m pip install -q -e ".[lab]"

@@ -115,7 +115,7 @@ def one_fit(with_jdist: bool, steps: int, sleep: float, storage: str) -> dict[st
     raytrain.default_sinks = lambda run, opts: [*default(run, opts), probe]
     try:
         t0 = time.time()
-        jdist.ray.fit(trainer) if with_jdist else trainer.fit()  # a failed fit raises
+        jdist.ray.fit(trainer, run_dir=out) if with_jdist else trainer.fit()  # a failed fit raises
         returned = time.time()
     finally:
         raytrain.default_sinks = default

@@ -43,8 +43,13 @@ def test_model_fit_under_the_strategy_streams_each_ranks_batches_and_ends_with_e
                        "                                 tf.keras.layers.Dense(1)])\n"
                        "    model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss='mse')\n"
                        "history = model.fit(ds, epochs=3, verbose=0, callbacks=[jdist.keras.Callback()])\n"
+                       "print('epoch loss', repr(history.history['loss'][-1]))\n"
                        + WEIGHTS_EQUAL.format(model="model"))
     assert "weights differ by 0.0 over 161 values" in out.stdout, out.stdout + out.shown
+    # tf-keras sums the 2 replicas' batch logs; the callback's last record of an epoch is Keras's epoch value
+    epoch_loss = float(out.stdout.split("epoch loss ")[1].split()[0])
+    last = tf_ranks.value("jdist.last_run().history.query('step == 23').loss.tolist()")
+    assert last == pytest.approx([epoch_loss, epoch_loss], rel=1e-5), (last, epoch_loss)
     h = tf_ranks.value("jdist.last_run().history.groupby('rank').step.agg(['count', 'max']).to_dict('list')")
     assert h == {"count": [24, 24], "max": [23, 23]}  # 512 samples in batches of 64: 8 steps per epoch, 3 epochs
     run = tf_ranks.value("(lambda r: (r.backend, r.status, r.has('loss'), r.has('comm_time_s'), r.has('step_time_s')))"

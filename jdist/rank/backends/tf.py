@@ -132,6 +132,8 @@ class TFBackend(Backend):
             os.environ.setdefault(key, value)
         import tensorflow as tf
 
+        if tf.get_logger().level in (0, 20):  # not set, or INFO: one INFO line per collective it builds, in every cell
+            tf.get_logger().setLevel("WARNING")
         threads = ctx.options.get("threads") or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
