@@ -7,7 +7,9 @@ dashboard, run log and exports:
 * :class:`jdist.HFCallback`: a ``transformers.TrainerCallback`` (``Trainer(callbacks=[jdist.HFCallback()])``);
 * :class:`jdist.LightningCallback`: a ``lightning.pytorch.Callback``
   (``Trainer(callbacks=[jdist.LightningCallback()])``);
-* :class:`jdist.AccelerateTracker`: an Accelerate tracker (``Accelerator(log_with=jdist.AccelerateTracker())``).
+* :class:`jdist.AccelerateTracker`: an Accelerate tracker (``Accelerator(log_with=jdist.AccelerateTracker())``);
+* :class:`jdist.keras.Callback`: a Keras callback on ``--framework tf`` ranks (``model.fit(..., callbacks=[...])``);
+* :mod:`jdist.rank.integrations.ray`: the session of a Ray Train worker (``jdist.ray.fit``).
 
 Each module imports its framework; without it the import is one line naming the extra to install.
 """
