@@ -45,7 +45,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jdist.options import ClusterConfig, Option, OptionOwner, OptionTable, Scope
 from jdist.stacks import COLLECTIVE_PATHS
@@ -100,7 +100,9 @@ class BackendSpec:
     polls), so the hang watchdog cannot use its process's CPU time as evidence. ``framework``:
     what the ranks run, ``"torch"`` (the device pinned with torch, torchrun's environment) or
     ``"tf"`` (no torch imported on the ranks); ``preimport``: modules each engine imports before
-    it connects (overlapping the controller's start).
+    it connects (overlapping the controller's start); ``hints``: ``(text, line)`` pairs: a rank's
+    error whose ``ename: evalue`` contains ``text`` gets ``line`` under it (a known upstream failure
+    and its fix).
     """
 
     name: str
@@ -115,6 +117,16 @@ class BackendSpec:
     check: Callable[[ClusterConfig], None] | None = None
     framework: str = "torch"
     preimport: tuple[str, ...] = ("torch",)
+    hints: tuple[tuple[str, str], ...] = ()
+
+    def hints_for(self, errors: Iterable[str]) -> list[str]:
+        """The hint lines for these ``ename: evalue`` lines, each once, in the order of :attr:`hints`.
+
+        >>> BackendSpec("x", "m:C", hints=(("PerReplica", "use tf.keras"),)).hints_for(["ValueError: a PerReplica"])
+        ['use tf.keras']
+        """
+        errors = list(errors)
+        return [line for text, line in self.hints if any(text in e for e in errors)]
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run in this environment (with the fix), or None.
@@ -255,9 +267,13 @@ def check_tf(config: ClusterConfig) -> None:
                          "and leave --precision at fp32.")
 
 
+KERAS3_FIT = ("Keras 3's model.fit does not run under MultiWorkerMirroredStrategy (keras-team/keras#20585): "
+              "build the model with tf.keras (tf-keras on these ranks) instead of `import keras`, or train it "
+              "in a custom loop with strategy.run.")
 TF = BackendSpec("tf", "jdist.rank.backends.tf:TFBackend", requires=("tensorflow", "tf_keras"),
                  install_hint=TF_INSTALL_HINT, collective_paths=(), options=(FRAMEWORK,), check=check_tf,
-                 framework="tf", preimport=(),
+                 framework="tf", preimport=(), hints=(("with an unsupported type (<class 'tensorflow.python."
+                                                       "distribute.values.PerReplica'>)", KERAS3_FIT),),
                  help="TensorFlow MultiWorkerMirroredStrategy (--framework tf): tf-keras model.fit or custom loops")
 
 

@@ -48,6 +48,16 @@ def test_missing_horovod_is_named_in_a_fresh_interpreter():
     assert out.stdout.startswith("Horovod is not installed in this environment.") and "--backend ddp" in out.stdout
 
 
+def test_missing_tensorflow_names_both_install_commands():
+    # make test installs TensorFlow: its absence is simulated in a fresh interpreter, as for Horovod
+    code = ("import sys; sys.modules['tf_keras'] = None\n"
+            "from jdist.plugins import backend_spec\n"
+            "print(backend_spec('tf').unavailable())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.startswith("--framework tf needs TensorFlow and tf-keras: pip install 'jdist[tf]'")
+    assert "pip install --no-deps tf-keras==2.21.0" in out.stdout
+
+
 def test_a_checkout_on_the_path_that_is_not_installed_says_how_to_install_it():
     # Seen on the GPU machine: the checkout on sys.path through a .pth file, without jdist's dist-info,
     # said "Use --backend with one of: ." No entry points are found then (simulated in a fresh interpreter).

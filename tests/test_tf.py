@@ -137,6 +137,17 @@ def test_torch_calls_and_torch_only_options_are_one_line(tf_ranks):
     assert "use %%distributed --threads 2 --restart" in out.shown, out.shown
 
 
+def test_keras_3s_fit_failing_upstream_is_explained_in_one_line(tf_ranks):
+    out = tf_ranks.run("%%distributed\nimport keras  # Keras 3, not tf.keras\n"
+                       "with strategy.scope():\n"
+                       "    k3 = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
+                       "    k3.compile(optimizer='sgd', loss='mse')\n"
+                       "k3.fit(ds, epochs=1, verbose=0)", allow_error=True)
+    assert "PerReplica" in out.shown, out.shown  # keras-team/keras#20585
+    assert out.shown.count("Keras 3's model.fit does not run under MultiWorkerMirroredStrategy") == 1, out.shown
+    assert "instead of `import keras`" in out.shown
+
+
 def test_a_timed_out_collective_restarts_the_ranks_and_says_so(tf_ranks):
     tf_ranks.run("%%distributed -n 2 --framework tf --timeout 5 --restart\nimport numpy as np")  # a set-up cell
     out = tf_ranks.run("%%distributed\n"

@@ -30,6 +30,8 @@ class CellResult:
     grace_s: float = 0.0  # --interrupt-grace: how long released or interrupted ranks had to stop
     #: ranks whose communication cannot be used again in their process, and why: the ranks must restart
     unusable: dict[int, str] = field(default_factory=dict)
+    #: lines the backend adds under a known upstream failure (:attr:`jdist.plugins.BackendSpec.hints`)
+    hints: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
     @property
@@ -56,7 +58,7 @@ class CellResult:
 
 def fault_notes(result: CellResult) -> list[str]:
     """What was done about released or stuck ranks and what was kept, as lines for the user."""
-    lines = []
+    lines = list(result.hints)
     obs = result.obs
     rep = result.rebuilt or {}
     where = rep.get("released_from", {})

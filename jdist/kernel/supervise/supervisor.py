@@ -284,9 +284,10 @@ class CellSupervisor:
             rebuilt = rebuild_group(cluster) if self.rebuild else released_where(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
+        hints = backend_spec(cluster.config.backend).hints_for(f.summary for f in obs.failures.values())
         return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
                           watchdog_s=cluster.config.watchdog, grace_s=cluster.config.interrupt_grace,
-                          unusable=unusable)
+                          unusable=unusable, hints=hints)
 
 
 def unusable_ranks(cluster: ClusterSession) -> dict[int, str]:
