@@ -115,20 +115,21 @@ def test_watchdog_leaves_long_computations_alone(faults):
 def test_horovod_hang_is_reported_although_its_blocked_rank_spins(tmp_path, monkeypatch):
     # A rank blocked in Horovod's synchronize polls a full core (its CPU time is no evidence):
     # the watchdog proves it blocked by its stack and Horovod's handles. Horovod's wait cannot be
-    # released (docs/reliability.md), so this uses a cluster of its own and stops it.
+    # released (docs/reliability.md), so this uses a cluster of its own (1 s of --interrupt-grace:
+    # its rank 0 is named stuck after it) and stops it.
     from jdist.kernel.cluster import ClusterSession
     from jdist.kernel.supervise.outcome import CellStatus
     from jdist.kernel.supervise.supervisor import CellSupervisor
     from jdist.options import ClusterConfig
 
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    cluster = ClusterSession(ClusterConfig(n=2, backend="horovod", watchdog=2, timeout=120))
+    cluster = ClusterSession(ClusterConfig(n=2, backend="horovod", watchdog=2, timeout=120, interrupt_grace=1.0))
     cluster.start(lambda msg: None)
     try:
         code = "import torch, horovod.torch as hvd\nif rank == 0:\n    hvd.allreduce(torch.ones(1), name='x')"
         result = CellSupervisor(cluster, code, None, "none", lambda run: []).run()
         assert result.outcome.status is CellStatus.HUNG
-        assert result.hang == {0: "synchronize (cell line 3)"}
+        assert result.hang == {0: "synchronize (cell line 3)"} and result.obs.stuck == [0]
     finally:
         cluster.stop()
 
