@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from conftest import KernelSession
 
-pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip install 'jdist[tf]' (make test does)")
-pytest.importorskip("tf_keras", reason="tf-keras is not installed: make tf")
+from jdist.plugins import TF
 
-pytestmark = pytest.mark.cluster
+# TensorFlow's import costs this process 3 s: only the ranks need it, so it is looked for, not imported
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(TF.unavailable() is not None, reason=str(TF.unavailable()))]
 
 # every rank's weights, gathered over MPI: the largest difference from rank 0's (0.0: equal)
 WEIGHTS_EQUAL = """
