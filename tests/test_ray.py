@@ -18,13 +18,10 @@ pytestmark = pytest.mark.cluster
 
 
 def train_func(config):
-    import os
-    import tempfile
     import time
 
     import ray.train
     import torch
-    from ray.train import Checkpoint
 
     import jdist
 
@@ -40,12 +37,8 @@ def train_func(config):
         time.sleep(config["sleep"])
         if config.get("fail_at") == step and rank == 1:
             raise ValueError("bad batch on rank 1")
-        if step % 10 == 9:
-            with tempfile.TemporaryDirectory() as d:
-                if rank == 0:
-                    torch.save(model.state_dict(), os.path.join(d, "model.pt"))
-                ray.train.report({"reported": float(step), "step": step},
-                                 checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+        if step % 10 == 9:  # reports go on while the run is interrupted (a checkpoint in the result: notebook 12)
+            ray.train.report({"reported": float(step), "step": step})
 
 
 @pytest.fixture(scope="module")
