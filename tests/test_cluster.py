@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,34 @@ def test_names_defined_on_ranks_and_push_pull(cluster):
     assert cluster.pull("world_size") == [2, 2]
     cluster.push("greeting", "hi", ranks=[1])
     assert cluster.pull("greeting", ranks=[1]) == ["hi"]
+
+
+@interactive
+def last_ping() -> float:
+    from ipyparallel.engine.app import IPEngine
+
+    return IPEngine.instance()._hb_last_pinged
+
+
+def test_the_controller_beats_at_its_period_once_every_rank_registered(cluster):
+    """The controller beats quicker only while engines register (jdist/kernel/launch/ipcontroller.py):
+    once all have, each rank's heart is pinged every HEARTBEAT_MS again (the controller's idle CPU)."""
+    import psutil
+
+    from jdist.kernel.cluster import HEARTBEAT_MS
+    from jdist.kernel.launch import ipcontroller
+
+    controller = psutil.Process(cluster.ipp.controller.process.pid)
+    assert ipcontroller.__name__ in controller.cmdline() and "--engines=2" in controller.cmdline()
+    times: list[float] = []
+    end = time.monotonic() + 2
+    while time.monotonic() < end:  # the engine notes each ping on its event loop, between two requests
+        pinged = cluster.apply_async(last_ping, ranks=[0]).get(30)[0]
+        if not times or pinged != times[-1]:
+            times.append(pinged)
+        time.sleep(0.01)
+    gaps = sorted(b - a for a, b in zip(times[1:], times[2:]))  # the first one may have started mid-gap
+    assert len(gaps) >= 5 and gaps[len(gaps) // 2] >= 0.8 * HEARTBEAT_MS / 1000, gaps
 
 
 def test_status_lists_ranks_idle(cluster):
