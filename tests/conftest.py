@@ -34,11 +34,21 @@ def strip_ansi(text: str) -> str:
 HEAVY_FIXTURES = {"kernel_env", "cluster", "server", "lab", "browser"}
 
 
+#: Test files followed directly by a notebook that trains on what they started (one Ray per session).
+NEXT_TO = {"tests/test_ray.py": "notebooks/12-ray-train.ipynb"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         heavy = HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if heavy or item.nodeid.endswith(".ipynb") or ".ipynb::" in item.nodeid:
             item.add_marker(pytest.mark.cluster)
+    for tests, notebook in NEXT_TO.items():
+        cells = [item for item in items if item.nodeid.startswith(notebook)]
+        last = max((i for i, item in enumerate(items) if item.nodeid.startswith(tests + "::")), default=None)
+        if cells and last is not None:
+            after = items[last + 1:]
+            items[last + 1:] = cells + [item for item in after if item not in cells]
 
 
 #: Programs a test outside the ``cluster`` tier must not start (make test-fast stays fast and local).
