@@ -42,8 +42,23 @@ def train_func(config):
 
 
 #: The notebook that runs a Ray Train run to its end; it comes right after this module
-#: (tests/conftest.py) and trains on the Ray this module started (notebooks/conftest.py stops it).
+#: (tests/conftest.py) and trains on the Ray this module started.
 RAY_NOTEBOOK = "12-ray-train.ipynb"
+
+
+class StopRayAfterTheNotebook:
+    """A pytest plugin for this session: stops the Ray this module left up once the notebook's last
+    cell ran (a conftest.py beside the notebooks would shadow tests/conftest.py's module name)."""
+
+    def __init__(self, config: pytest.Config, address: str):
+        self.config, self.address = config, address
+
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        if RAY_NOTEBOOK in item.nodeid and (nextitem is None or RAY_NOTEBOOK not in nextitem.nodeid):
+            ray.shutdown()
+            if os.environ.get("RAY_ADDRESS") == self.address:
+                del os.environ["RAY_ADDRESS"]
+            self.config.pluginmanager.unregister(self)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +74,8 @@ def local_ray(request, tmp_path_factory):
     assert not ray.is_initialized()
     yield tmp_path_factory.mktemp("ray-storage")
     if ray.is_initialized() and any(RAY_NOTEBOOK in item.nodeid for item in request.session.items):
-        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        address = os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        request.config.pluginmanager.register(StopRayAfterTheNotebook(request.config, address))
     else:
         ray.shutdown()
 
