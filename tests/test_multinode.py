@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import testbed  # noqa: E402
 
+from jdist.kernel.launch import ipcontroller  # noqa: E402
+
 pytestmark = pytest.mark.cluster
 STATE = ROOT / "build" / "testbed"
 
@@ -289,6 +291,8 @@ def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
 
 
 #: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
+#: The controller's command line names its module (ipyparallel's controller, run by jdist's entry point).
+CONTROLLER = ipcontroller.__name__
 NOT_JDIST = ("mpiexec.hydra", "hydra_pmi_proxy", "srun", "sshd", "slurmd", "slurmctld", "slurmstepd", "munged")
 
 
@@ -306,7 +310,7 @@ def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
             name = launcher[0]
         elif m and name.startswith("python"):
             cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
-            name = ("controller" if "ipyparallel.controller" in cmd else "rank" if "ipyparallel.engine" in cmd
+            name = ("controller" if CONTROLLER in cmd else "rank" if "ipyparallel.engine" in cmd
                     else "debugpy" if "/debugpy/" in cmd else cmd[:60])
         rows.append((parts[3], name))
     return rows
@@ -340,8 +344,7 @@ def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
     def left() -> list[str]:
         found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
         procs = on_node(bed, "node1", "ps -eo args")
-        found += [f"node1: {p}" for p in ("ipyparallel.controller", "srun", "mpiexec", "jdist.kernel.reaper")
-                  if p in procs]
+        found += [f"node1: {p}" for p in (CONTROLLER, "srun", "mpiexec", "jdist.kernel.reaper") if p in procs]
         if on_node(bed, "node1", "squeue -h").strip():
             found.append("a Slurm job")
         found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]

@@ -4,6 +4,8 @@ model.fit with jdist.keras.Callback, a custom training loop, and bad input as on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import KernelSession
 
@@ -20,6 +22,17 @@ mine = np.concatenate([w.numpy().ravel() for w in {model}.weights])
 every = MPI.COMM_WORLD.allgather(mine)
 print("weights differ by", max(float(np.abs(w - every[0]).max()) for w in every), "over", mine.size, "values")
 """
+
+
+@pytest.fixture(scope="module")
+def kernel_env(kernel_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The kernel's, with a temporary folder of its own: the ranks' TensorFlow writes its autograph
+    files there (test_a_timed_out_collective...: gone once the ranks ended)."""
+    return {**kernel_env, "TMPDIR": str(tmp_path_factory.mktemp("tf-tmp"))}
+
+
+def autograph_files(env: dict[str, str]) -> set[Path]:
+    return set(Path(env["TMPDIR"]).glob("__autograph_generated_file*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +129,11 @@ def test_keras_3s_fit_failing_upstream_is_explained_in_one_line(tf_ranks):
     assert "instead of `import keras`" in out.shown
 
 
-def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_every_rank_wrote(tf_ranks, tmp_path):
+def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_every_rank_wrote(
+        tf_ranks, kernel_env, tmp_path):
     """A collective that times out (--timeout 5) makes TF's collectives unusable: the ranks restart in the
-    same cell, replay the set-up cell and restore the newest checkpoint, which every rank wrote."""
+    same cell, replay the set-up cell and restore the newest checkpoint, which every rank wrote. The
+    ended ranks' autograph files are gone (TensorFlow removes them at exit, which ranks skip)."""
     ckdir = tmp_path / "ckpt"
     tf_ranks.run("%%distributed -n 2 --framework tf --timeout 5 --restart\n"  # a set-up cell (it logs nothing)
                  "import numpy as np, sys\n"
@@ -136,6 +151,8 @@ def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_
                  f"np.save({str(tmp_path / 'weights')!r}, np.concatenate([w.numpy().ravel() for w in ck_model.weights]))")
     assert sorted(p.name for p in ckdir.iterdir()) == ["step-00000008", "step-00000016"]  # no rank's copy left
     assert sorted(p.name for p in (ckdir / "step-00000016").iterdir()) == ["jdist.pkl", "tf.data-00000-of-00001", "tf.index"]
+    old_ranks_files = autograph_files(kernel_env)
+    assert old_ranks_files  # model.fit converted functions
     out = tf_ranks.run("%%distributed\n"
                        "if rank == 0:  # rank 1 never joins: TF's timeout (--timeout) ends the wait\n"
                        "    strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)",
@@ -146,6 +163,7 @@ def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_
             "timed out" in shown), shown  # "waiting for other workers" or "during execution", by where it waited
     assert "Restarted 2 rank(s)" in shown and "replayed 1 set-up cell(s)" in shown, shown
     assert "step-00000016 (step 16) into ck_model, ck_opt" in shown, shown
+    assert not old_ranks_files & autograph_files(kernel_env)
     out = tf_ranks.run("%%distributed --output all\n"
                        "w = np.concatenate([w.numpy().ravel() for w in ck_model.weights])\n"
                        f"same = bool((w == np.load({str(tmp_path / 'weights.npy')!r})).all())\n"

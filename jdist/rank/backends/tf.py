@@ -26,6 +26,7 @@ On a rank (``strategy`` and ``tf`` are in the cell namespace)::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -33,6 +34,7 @@ import re
 import shutil
 import socket
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,41 @@ def _trackables(model: Any, optimizer: Any) -> dict[str, Any]:
     return objects
 
 
+class KeptAtexit:
+    """``atexit`` as one module sees it: what the module registers is also kept in ``kept``, to run
+    before the process ends without its interpreter's exit.
+
+    >>> import atexit
+    >>> kept = []; shim = KeptAtexit(atexit, kept)
+    >>> _ = shim.register(print, "bye"); len(kept), shim.unregister is atexit.unregister
+    (1, True)
+    >>> atexit.unregister(print)
+    """
+
+    def __init__(self, real: Any, kept: list[Any]):
+        self._real, self._kept = real, kept
+
+    def register(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        self._kept.append(functools.partial(func, *args, **kwargs))
+        return self._real.register(func, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def keep_autograph_files(kept: list[Any]) -> None:
+    """TensorFlow's autograph writes every function it converts to a temporary file and removes the
+    file at interpreter exit (``atexit``). Ranks end without that exit (``exit_process``, by design:
+    it takes a second), which left those files in the temporary folder: their removals go to ``kept``
+    too, and :meth:`TFBackend.teardown` runs them."""
+    try:
+        from tensorflow.python.autograph.pyct import loader
+    except ImportError:  # moved in another TensorFlow: its files stay, as they would without jdist's exit
+        return
+    if isinstance(getattr(loader, "atexit", None), types.ModuleType):
+        loader.atexit = KeptAtexit(loader.atexit, kept)
+
+
 class TFBackend(Backend):
     """``--framework tf`` (``--backend tf``): one ``MultiWorkerMirroredStrategy`` per rank process."""
 
@@ -125,6 +162,7 @@ class TFBackend(Backend):
         self.strategy: Any = None
         self.threads: int | None = None
         self.failed: str | None = None  # a collective that failed: TF's collectives are unusable from then on
+        self.at_exit: list[Any] = []  # TensorFlow's own clean-up, run at teardown (keep_autograph_files)
 
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
         self.ctx = ctx
@@ -134,6 +172,7 @@ class TFBackend(Backend):
 
         if tf.get_logger().level in (0, 20):  # not set, or INFO: one INFO line per collective it builds, in every cell
             tf.get_logger().setLevel("WARNING")
+        keep_autograph_files(self.at_exit)
         threads = ctx.options.get("threads") or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -206,3 +245,9 @@ class TFBackend(Backend):
 
     def teardown(self) -> None:
         self.strategy = None
+        for func in self.at_exit:
+            try:
+                func()
+            except Exception:  # noqa: BLE001 - a file already gone
+                pass
+        self.at_exit.clear()
