@@ -290,9 +290,9 @@ def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
     login.run("%dist stop")
 
 
-#: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
 #: The controller's command line names its module (ipyparallel's controller, run by jdist's entry point).
 CONTROLLER = ipcontroller.__name__
+#: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
 NOT_JDIST = ("mpiexec.hydra", "hydra_pmi_proxy", "srun", "sshd", "slurmd", "slurmctld", "slurmstepd", "munged")
 
 
