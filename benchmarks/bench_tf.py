@@ -34,6 +34,7 @@ from typing import Any
 from jdist.kernel.cluster import ClusterSession
 from jdist.kernel.launch.mpi import mpiexec_path
 from jdist.options import ClusterConfig
+from jdist.plugins import TF
 
 RANKS = 2
 LOOP = Path(__file__).with_name("tf_plain.py")
@@ -89,11 +90,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        sys.exit("bench_tf needs TensorFlow: pip install 'jdist[tf]' and pip install --no-deps tf-keras==2.21.0 "
-                 "(make test installs both)")
+    missing = TF.unavailable()  # looked for, not imported: only the ranks need TensorFlow
+    if missing:
+        sys.exit(f"bench_tf: {missing}")
     sys.path.insert(0, str(LOOP.parent))
     warmup = steps_per_epoch()
     res: dict[str, list[dict[str, Any]]] = {"plain": [], "jdist": []}
