@@ -3,9 +3,9 @@
 Measured in one run on 2 local CPU ranks of a real kernel (jupyter_client, as JupyterLab talks to it):
 
 1. **pdb post-mortem** (``%dist debug``): after a cell failed on rank 1, ``p x`` commands through
-   :func:`jdist.kernel.debug.post_mortem` (its own per-command round trip: the kernel sends the line to the
+   :func:`jdist.kernel.debug.postmortem.post_mortem` (its own per-command round trip: the kernel sends the line to the
    rank with ``apply``, the rank's pdb answers). Target: p50 <= 50 ms.
-2. **The Debugger panel** (:mod:`jdist.kernel.dapbridge`): while rank 1 is stopped at a gutter breakpoint,
+2. **The Debugger panel** (:mod:`jdist.kernel.debug.dapbridge`): while rank 1 is stopped at a gutter breakpoint,
    ``stackTrace``, ``scopes``, ``variables`` and ``evaluate`` requests on the kernel's control channel, as
    the panel sends them; beside, in the same run, ``debugInfo`` (answered by ipykernel alone: the control
    channel's own round trip) and ``threads`` answered by the kernel's own debugpy (no rank involved).
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         # 1. pdb post-mortem
         k.run(FAILING, allow_error=True)
-        k.run("from jdist.kernel.debug import post_mortem\nfrom jdist.kernel.cluster import current\n"
+        k.run("from jdist.kernel.debug.postmortem import post_mortem\nfrom jdist.kernel.cluster import current\n"
               f"_lines = ['p x'] * {args.commands} + ['q']\n"
               "_trips = post_mortem(current(), None, ask=lambda prompt: _lines.pop(0), say=lambda text: None)")
         out["pdb_ms"] = stats_ms(k.value("_trips"))

@@ -152,10 +152,20 @@ def first_failure(failures: dict[int, RankFailure]) -> int:
 
 
 class RankError(JdistError):
-    """One or more ranks raised. Shows the failing ranks and the first failing rank's traceback once."""
+    """One or more ranks raised. Shows the failing ranks and the first failing rank's traceback once.
 
-    def __init__(self, failed: dict[int, RankFailure], world_size: int, first: int, notes: Sequence[str] = ()):
+    ``released``: how many other ranks jdist stopped before they ended. The headline says they had not got
+    as far as the failing ranks: at 32 ranks a bug every rank hits fails on the few that get there first,
+    and "2 of 32 rank(s) failed" alone would read as a bug of those two.
+
+    >>> RankError({1: RankFailure(1, "ValueError", "bad")}, 32, 1, released=31).headline
+    '1 of 32 rank(s) failed (rank 1); first failure on rank 1: ValueError: bad; the other 31 were released before they got that far'
+    """
+
+    def __init__(self, failed: dict[int, RankFailure], world_size: int, first: int, notes: Sequence[str] = (),
+                 released: int = 0, dead_hint: str | None = DEAD_HINT):
         self.failed = failed
+        self.dead_hint = dead_hint
         self.world_size = world_size
         self.first = first
         self.notes = list(notes)
@@ -165,6 +175,9 @@ class RankError(JdistError):
             f"{len(failed)} of {world_size} rank(s) failed (rank{'s' if len(failed) > 1 else ''} "
             f"{ranks}); first failure on rank {first}: {err.summary}"
         )
+        if released:
+            self.headline += (f"; the other {released} {'was' if released == 1 else 'were'} released before "
+                              f"{'it' if released == 1 else 'they'} got that far")
         super().__init__(self.headline)
 
     def _render_traceback_(self) -> list[str]:
@@ -176,8 +189,8 @@ class RankError(JdistError):
         if others:
             lines.append("")
             lines += [f"rank {r}: {e.summary}" for r, e in sorted(others.items())]
-        if any(e.ename in ("EngineError", "RankDied") for e in self.failed.values()):
-            lines += ["", DEAD_HINT]
+        if self.dead_hint and any(e.ename in ("EngineError", "RankDied") for e in self.failed.values()):
+            lines += ["", self.dead_hint]
         return lines + ([""] + list(self.notes) if self.notes else [])
 
 

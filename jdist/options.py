@@ -45,8 +45,6 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 #: Values of ``--precision`` (autocast dtype of prepared models; fp16 adds a GradScaler).
 PRECISIONS = ("fp32", "bf16", "fp16")
-#: Largest rank count accepted for local CPU ranks (each rank is a Python process with torch).
-MAX_LOCAL_RANKS = 64
 
 
 class Scope(str, Enum):
@@ -160,7 +158,8 @@ class ClusterConfig:
                              type=float, metavar="S")
     port: int | None = _option(None, ("--port",), "Fixed TCP port for the process-group rendezvous (default: none; "
                                "a private file store is used).", Scope.RESTART, type=int, metavar="P")
-    threads: int | None = _option(None, ("--threads",), "torch threads per CPU rank (default: cores / ranks).",
+    threads: int | None = _option(None, ("--threads",), "torch threads per CPU rank (default: OMP_NUM_THREADS if set, else cores / "
+                                  "ranks).",
                                   Scope.LIVE, type=int, metavar="T", applied_by="ranks",
                                   message="torch uses {} thread(s) per rank now.")
     precision: str = _option("fp32", ("--precision",), "Autocast precision of prepared models (fp16 adds a "
@@ -208,8 +207,6 @@ class ClusterConfig:
         """
         if self.n < 1:
             raise ValueError(f"-n/--gpus must be at least 1 (got {self.n}); e.g. -n 2.")
-        if not self.gpus and self.n > MAX_LOCAL_RANKS:
-            raise ValueError(f"-n {self.n} is more than {MAX_LOCAL_RANKS} local ranks; use -n {MAX_LOCAL_RANKS} or fewer.")
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be positive seconds (got {self.timeout:g}).")
         if self.start_timeout <= 0:
@@ -327,6 +324,52 @@ class OptionOwner:
 
 
 @dataclass(frozen=True)
+class Frontend:
+    """A way of running code on the ranks and showing it (the notebook's ``%%distributed``, ``jdist run``,
+    ``jdist.ray.fit``), declared by the module that implements it: the options it honours. Every other
+    option is refused by :meth:`OptionTable.refusal` with one line; an option a front end never decided on
+    (a new one) is refused too, so nothing is accepted and silently ignored.
+
+    ``honours``: jdist's own options (by name) it applies; ``plugins``: the kinds of plugin
+    (:class:`OptionOwner`) whose options it applies (a front end that starts a cluster applies its
+    launcher's and backend's, one that builds the run's sinks the sinks'); ``refuses``: jdist's options it
+    does not apply, each with the reason and the way to get it (one line). ``all_options``: the
+    notebook's cell, where every option is defined. ``restart`` and ``stacks``: how a user of this front
+    end gets fresh ranks and sees where the ranks are, for the advice under a fault (None: it has no such
+    command; ``jdist run``'s run ends with its ranks).
+
+    >>> cli = Frontend("jdist run", honours=frozenset({"n", "output"}), plugins=frozenset({"sink"}),
+    ...                refuses={"targets": "a script runs on every rank"})
+    >>> cli.refusal(OptionTable().option("targets"))
+    'jdist run does not take --targets: a script runs on every rank.'
+    >>> cli.refusal(OptionTable().option("output")) is None
+    True
+    """
+
+    name: str
+    honours: frozenset[str] = frozenset()
+    plugins: frozenset[str] = frozenset()
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    all_options: bool = False
+    restart: str | None = None
+    stacks: str | None = None
+
+    def refusal(self, option: Option, owner_kinds: Iterable[str] = ()) -> str | None:
+        """Why this front end refuses ``option`` (one line naming the fix), or None if it honours it.
+        ``owner_kinds``: the kinds of the plugins that define it (none: jdist's own)."""
+        kinds = set(owner_kinds)
+        if self.all_options or (kinds and kinds <= self.plugins) or (not kinds and option.name in self.honours):
+            return None
+        why = self.refuses.get(option.name) or ("it does not apply it yet" if not kinds else
+                                                f"it does not apply {'/'.join(sorted(kinds))} plugins' options")
+        return f"{self.name} does not take {option.flag}: {why}."
+
+
+#: The notebook's ``%%distributed``: where every option is defined, every option is honoured.
+NOTEBOOK = Frontend("%%distributed", all_options=True, restart="%dist restart", stacks="%dist stacks")
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a cell's options do to the cluster: ``start`` one, ``restart`` it (with ``config``), or
     ``reuse`` it with the ``live`` changes applied."""
@@ -376,9 +419,32 @@ class OptionTable:
         """The installed plugins of ``kind``, sorted (``--launcher``/``--backend`` choices)."""
         return sorted(o.name for o in self.owners if o.kind == kind)
 
-    def parser_arguments(self) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
-        """``argparse.add_argument`` arguments of every option: cluster options, then cell options."""
-        return [opt.argparse() for opt in (*self.cluster, *self.cell)]
+    def parser_arguments(self, frontend: Frontend = NOTEBOOK) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+        """``argparse.add_argument`` arguments of every option ``frontend`` honours: cluster options, then
+        cell options."""
+        return [opt.argparse() for opt in self.honoured(frontend)]
+
+    def honoured(self, frontend: Frontend) -> list[Option]:
+        """The options ``frontend`` honours, cluster options first."""
+        return [opt for opt in (*self.cluster, *self.cell) if self.refusal(frontend, opt.name) is None]
+
+    def refusal(self, frontend: Frontend, name: str) -> str | None:
+        """Why ``frontend`` refuses option ``name`` (one line), or None if it honours it.
+
+        >>> OptionTable().refusal(NOTEBOOK, "debug_ranks") is None
+        True
+        """
+        return frontend.refusal(self.by_name[name], (o.kind for o in self.owned.get(name, ())))
+
+    def refuse_given(self, frontend: Frontend, given: Mapping[str, Any]) -> None:
+        """ValueError (one line) for the first option given (by name; None: not given) that ``frontend``
+        does not honour; unknown names are the caller's to report."""
+        for name, value in given.items():
+            if name not in self.by_name or value is None:
+                continue
+            why = self.refusal(frontend, name)
+            if why:
+                raise ValueError(why)
 
     # -- what a line gives ---------------------------------------------------------------------
     def requested(self, args: Any) -> dict[str, Any]:
@@ -609,7 +675,8 @@ __all__ = [
     "CELL_OPTIONS",
     "CellOptions",
     "ClusterConfig",
-    "MAX_LOCAL_RANKS",
+    "Frontend",
+    "NOTEBOOK",
     "Option",
     "OptionOwner",
     "OptionTable",

@@ -102,7 +102,8 @@ class BackendSpec:
     ``"tf"`` (no torch imported on the ranks); ``preimport``: modules each engine imports before
     it connects (overlapping the controller's start); ``hints``: ``(text, line)`` pairs: a rank's
     error whose ``ename: evalue`` contains ``text`` gets ``line`` under it (a known upstream failure
-    and its fix).
+    and its fix). ``slots``: its group is torch's default group, which ``jdist.tune`` can tile into slot groups
+    of ``per_trial`` ranks for its trials (and form again over the world after the sweep).
     """
 
     name: str
@@ -118,6 +119,7 @@ class BackendSpec:
     framework: str = "torch"
     preimport: tuple[str, ...] = ("torch",)
     hints: tuple[tuple[str, str], ...] = ()
+    slots: bool = False
 
     def hints_for(self, errors: Iterable[str]) -> list[str]:
         """The hint lines for these ``ename: evalue`` lines, each once, in the order of :attr:`hints`.
@@ -203,9 +205,9 @@ HOROVOD_INSTALL_HINT = (
     "then cached), then %dist restart. Or pick --backend ddp or --backend fsdp."
 )
 
-DDP = BackendSpec("ddp", "jdist.rank.backends.ddp:DDPBackend", backward_waits=True,
+DDP = BackendSpec("ddp", "jdist.rank.backends.ddp:DDPBackend", backward_waits=True, slots=True,
                   help="PyTorch DistributedDataParallel (gradients all-reduced during backward)")
-FSDP = BackendSpec("fsdp", "jdist.rank.backends.fsdp:FSDPBackend",
+FSDP = BackendSpec("fsdp", "jdist.rank.backends.fsdp:FSDPBackend", slots=True,
                    help="PyTorch FSDP2 fully_shard (parameters, gradients and optimizer state sharded)")
 HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", requires=("horovod",),
                       install_hint=HOROVOD_INSTALL_HINT,

@@ -201,7 +201,7 @@ class DebugMessage(TypedDict):
 class DapMessage(TypedDict):
     """An event of a rank's debugpy (JupyterLab's Debugger panel on a ``%%distributed`` cell: "stopped",
     "continued", "thread", "output"), as debugpy sent it; the kernel renumbers its ids for the panel
-    (:mod:`jdist.kernel.dapbridge`). Requests go to the rank on the control channel as ``jdist_dap_request``
+    (:mod:`jdist.kernel.debug.dapbridge`). Requests go to the rank on the control channel as ``jdist_dap_request``
     (a DAP request; the answer is the ``response`` of the control reply)."""
 
     v: int

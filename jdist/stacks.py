@@ -97,20 +97,24 @@ def describe(frames: Sequence[Frame], backward_waits: bool = False,
 
 def where_in_cell(frames: Sequence[Frame]) -> str:
     """``cell line N`` of the innermost cell frame, or for a script run with ``%run`` (as ``jdist
-    run`` does) ``script.py:N``, its top-level line; else the innermost frame's file:line.
+    run`` does) ``script.py:N`` at the innermost line of the script (``in f`` inside a function: the
+    common ``main()`` layout names the line in ``train``, not the ``main()`` call); else the innermost
+    frame's file:line.
 
     >>> where_in_cell([("/usr/lib/python3/threading.py", 320, "wait")])
     'threading.py:320'
     >>> where_in_cell([("/v/site-packages/torch/distributed/c10d.py", 2800, "all_reduce"),
-    ...                ("/home/me/train.py", 12, "<module>"),
+    ...                ("/home/me/train.py", 30, "train"), ("/home/me/train.py", 41, "main"),
+    ...                ("/home/me/train.py", 44, "<module>"),
     ...                ("/v/site-packages/IPython/core/interactiveshell.py", 3040, "execfile"),
     ...                ("/tmp/ipykernel_7/1.py", 1, "<module>")])
-    'train.py:12'
+    'train.py:30 in train'
     """
     for i, (path, line, func) in enumerate(frames):
         if func == "execfile" and "IPython" in path and i > 0:  # IPython's %run of a script (safe_execfile)
-            script, script_line, _ = frames[i - 1]
-            return f"{Path(script).name}:{script_line}"
+            script = frames[i - 1][0]
+            _, script_line, where = next(f for f in frames[:i] if f[0] == script)
+            return f"{Path(script).name}:{script_line}" + ("" if where == "<module>" else f" in {where}")
         if _CELL_FILE.search(path):
             return f"cell line {line}"
     path, line, _ = frames[0]

@@ -112,7 +112,7 @@ def test_an_interrupt_during_a_pause_ends_the_cell_and_the_ranks_go_on(failed):
 
 
 # -- JupyterLab's Debugger panel (the Jupyter debug protocol on the kernel's control channel, as the panel
-#    sends it; jdist.kernel.dapbridge passes a %%distributed cell's part on to debugpy on the ranks) -----------
+#    sends it; jdist.kernel.debug.dapbridge passes a %%distributed cell's part on to debugpy on the ranks) -----------
 PANEL_CELL = """%%distributed --debug-ranks 1
 import torch, torch.distributed as dist
 seen = 40 + rank; jdist.log(step=0, seen=float(seen))

@@ -259,10 +259,3 @@ def test_jdist_ray_without_ray_names_the_extra():
             "try:\n    jdist.ray.fit(object())\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "jdist.ray needs ray: pip install 'jdist[ray]'"
-
-
-def test_jdist_ray_fit_refuses_an_unknown_option_in_one_line():
-    import jdist.ray
-
-    with pytest.raises(TypeError, match="jdist.ray.fit: no cell option 'tensorbord'; the cell options are: .*board"):
-        jdist.ray.fit(object(), tensorbord="runs")

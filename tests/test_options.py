@@ -124,6 +124,14 @@ def test_start_needs_a_rank_count_and_checks_values():
             plan(requested(line), None, restart=False)
 
 
+def test_the_local_rank_limit_is_the_local_launchers_only():
+    with pytest.raises(ValueError, match=r"-n 128 is more than 64 ranks on this machine; .* \(--hosts, --slurm\)"):
+        check(n=128)
+    check(n=128, launcher="ssh", hosts="a:64,b:64")  # the review's case: refused before, by every launcher
+    check(n=128, launcher="slurm", slurm="", nodes=2)
+    check(n=128, gpus=True)
+
+
 def test_the_sidebar_lists_each_option_with_its_scope():
     rows = {r["flag"]: r for r in TABLE.describe(ClusterConfig(n=2, port=29500))}
     assert rows["--port"]["value"] == "29500" and rows["--port"]["scope"] == "restart"
@@ -222,3 +230,65 @@ def test_a_backends_option_belongs_to_it():
     table.check(ok)
     assert table.rank_options(ok) == {"threads": None, "precision": "fp32", "stage": 3}
     assert table.rank_options(table.config({"n": 2, "backend": "engine"}))["stage"] == 0  # its default
+
+
+def frontends():
+    from jdist.cli import SCRIPT
+    from jdist.kernel.raytrain import RAY
+    from jdist.options import NOTEBOOK
+
+    return [NOTEBOOK, SCRIPT, RAY]
+
+
+@pytest.mark.parametrize("frontend", frontends(), ids=lambda f: f.name)
+def test_every_front_end_honours_or_refuses_every_option_with_one_line(frontend):
+    """Each option of the table, for each front end: honoured, or refused with a reason it wrote down
+    (jdist's own options) or its plugin kinds (plugins' options). ``jdist.tune`` takes no option of the table
+    (its arguments are its own: ``jdist.tune(..., output=...)`` is Python's TypeError)."""
+    own = {o.name for o in (*cluster_options(), *CELL_OPTIONS)}
+    for opt in (*TABLE.cluster, *TABLE.cell):
+        why = TABLE.refusal(frontend, opt.name)
+        if why is None:
+            assert frontend.all_options or opt.name in frontend.honours or opt.name not in own, opt.name
+            continue
+        assert why.startswith(f"{frontend.name} does not take {opt.flag}: ") and "\n" not in why, why
+        if opt.name in own:
+            assert opt.name in frontend.refuses, f"{frontend.name} never decided on {opt.flag}"
+    assert not set(frontend.honours) & set(frontend.refuses)
+    assert set(frontend.honours) | set(frontend.refuses) <= own  # no stale names
+
+
+def test_an_option_a_front_end_never_decided_on_is_refused(monkeypatch):
+    from jdist import options
+    from jdist.cli import SCRIPT
+    from jdist.kernel.raytrain import RAY
+
+    new = Option("shiny", ("--shiny",), "A cell option added later.", Scope.CELL, switch=True, default=False)
+    monkeypatch.setattr(options, "CELL_OPTIONS", (*CELL_OPTIONS, new))
+    table = OptionTable(TABLE.owners)
+    assert table.refusal(options.NOTEBOOK, "shiny") is None
+    for frontend in (SCRIPT, RAY):
+        assert table.refusal(frontend, "shiny") == f"{frontend.name} does not take --shiny: it does not apply it yet."
+        with pytest.raises(ValueError, match="does not take --shiny"):
+            table.refuse_given(frontend, {"shiny": True, "output": None})
+    sink = OptionOwner("sink", "csv", (Option("csv", ("--csv",), "CSV rows.", Scope.CELL, type=str),))
+    table = OptionTable((*TABLE.owners, sink))
+    assert table.refusal(SCRIPT, "csv") is None and table.refusal(RAY, "csv") is None  # both build the run's sinks
+
+
+def test_jdist_run_and_ray_fit_refuse_what_they_do_not_honour_in_one_line(capsys, tmp_path):
+    from jdist.cli import main, parser
+    from jdist.kernel.raytrain import fit
+
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    assert main(["run", "-n", "2", "--debug-ranks", "1", str(script)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jdist: error: jdist run does not take --debug-ranks: breakpoint() prompts need a notebook")
+    assert "\n" not in err
+    run = parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "--debug-ranks" not in run and "--targets" not in run and "--output" in run
+    with pytest.raises(TypeError, match=r"^jdist.ray.fit does not take --output: Ray prints its workers' output itself"):
+        fit(None, output="all")
+    with pytest.raises(TypeError, match=r"^jdist.ray.fit: no option 'tensorbord'; it takes: no_dashboard, run_dir, .*tensorboard"):
+        fit(None, tensorbord="runs")

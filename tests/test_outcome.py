@@ -98,3 +98,25 @@ def test_an_exit_with_code_0_is_a_finish_and_another_code_a_failure():
                                                           0: interrupted(0)}, released=[0]))
     assert out.status is CellStatus.FAILED and list(out.failed) == [1] and out.exited == {1: 3}
     assert out.error == "rank 1: exited with code 3"
+
+
+def test_at_32_ranks_a_bug_two_ranks_reached_first_is_not_reported_as_theirs_alone():
+    """Every rank would raise, but 30 were released from the collective before they got there: the headline
+    says so, and the released ranks are one line per place they waited, not 30 lines."""
+    from jdist.errors import RankError
+    from jdist.kernel.supervise.report import CellResult, raise_for_result
+
+    failures = {r: fail(r, at=1.0 + r) for r in (0, 5)}
+    failures.update({r: interrupted(r) for r in range(32) if r not in (0, 5)})
+    obs = Observations(ranks=list(range(32)), failures=failures, released=[r for r in range(32) if r not in (0, 5)])
+    where = {r: "all_reduce (cell line 3)" for r in obs.released}
+    result = CellResult(obs, classify(obs), rebuilt={"released_from": where, "reattached": [], "stale": [],
+                                                     "kept": None, "lost": None})
+    with pytest.raises(RankError) as err:
+        raise_for_result(result, 32)
+    assert err.value.headline == ("2 of 32 rank(s) failed (ranks 0, 5); first failure on rank 0: ValueError: bad shard; "
+                                  "the other 30 were released before they got that far")
+    shown = err.value._render_traceback_()
+    assert ("ranks 1-4, 6-31: released because rank 0 failed (they were waiting in all_reduce (cell line 3))."
+            in shown), shown
+    assert sum("released because" in line for line in shown) == 1

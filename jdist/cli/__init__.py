@@ -19,10 +19,7 @@ import argparse
 import sys
 from typing import Sequence
 
-#: ``%%distributed`` options that mean nothing for a script: which ranks run a cell, the notebook's
-#: dashboard, replacing the kernel's running cluster, replaying set-up cells after a rank died.
-NOT_FOR_SCRIPTS = frozenset({"targets", "no_dashboard", "restart", "auto_restart"})
-
+from .frontend import SCRIPT
 
 def _say(message: str) -> None:
     print(f"jdist: {message}", file=sys.stderr, flush=True)
@@ -35,10 +32,8 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
 
     table = option_table()
     for opt in (*table.cluster, *table.cell):
-        if opt.name in NOT_FOR_SCRIPTS:
-            continue
-        flags, kwargs = opt.argparse()
-        kwargs["help"] = opt.help
+        flags, kwargs = opt.argparse()  # refused ones too, out of the help: refused after parsing, with why
+        kwargs["help"] = opt.help if table.refusal(SCRIPT, opt.name) is None else argparse.SUPPRESS
         parser.add_argument(*flags, **kwargs)
     _view_options(parser)
     parser.add_argument("--keep", type=float, nargs="?", const=30.0, default=None, metavar="MINUTES",
@@ -109,4 +104,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["NOT_FOR_SCRIPTS", "main", "parser"]
+__all__ = ["SCRIPT", "main", "parser"]

@@ -160,18 +160,21 @@ def error_entries(result: Any, infos: list[dict[str, Any]]) -> list[dict[str, An
 
 
 def outcome_lines(result: Any, world_size: int, notes: list[str]) -> list[str]:
-    """What went wrong, in the notebook's words (one error, the failing rank's traceback, what
-    happened to the others), without the notebook's advice (``%dist ...``)."""
+    """What went wrong, as the notebook reports it (one error, the failing rank's traceback, what
+    happened to the others), with ``jdist run``'s advice (:data:`jdist.cli.SCRIPT`: its run ends with its
+    ranks, no ``%dist`` command applies)."""
     from jdist.kernel.supervise import fault_notes, raise_for_result
 
+    from .frontend import SCRIPT
+
     def for_scripts(lines: list[str]) -> list[str]:
-        return [line for line in lines if "%dist " not in line and line != "[Engine Exception]"]
+        return [line for line in lines if line != "[Engine Exception]"]  # ipyparallel's label of a rank's error
 
     if result.interrupted:  # the notebook's line would say the ranks' variables are kept
         done = "some did not stop" if result.obs.stuck else "every rank stopped"
-        return for_scripts([f"Interrupted: every rank received SIGINT and {done}.", *fault_notes(result), *notes])
+        return [f"Interrupted: every rank received SIGINT and {done}.", *fault_notes(result, SCRIPT), *notes]
     try:
-        raise_for_result(result, world_size, notes)
+        raise_for_result(result, world_size, notes, SCRIPT)
     except JdistError as exc:
         render = getattr(exc, "_render_traceback_", None)
         return for_scripts(render() if callable(render) else [str(exc)])
@@ -207,6 +210,8 @@ def run(args: Any, say: Callable[[str], None]) -> int:
     from jdist.kernel.supervise import CellSupervisor
     from jdist.plugins import option_table
 
+    from .frontend import SCRIPT
+
     script = Path(args.script).expanduser()
     if not script.is_file():
         say(f"error: no script {args.script!r}: give the path of a Python file, e.g. jdist run -n 2 train.py")
@@ -215,6 +220,7 @@ def run(args: Any, say: Callable[[str], None]) -> int:
     table = option_table()
     opts = table.cell_options(args)
     try:
+        table.refuse_given(SCRIPT, vars(args))
         plan = table.plan(table.requested(args), None, False)
         probe(plan.config)
     except ValueError as exc:

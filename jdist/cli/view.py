@@ -2,7 +2,8 @@
 
 On a terminal, a live panel (rich) under the scrolling rank output: progress with ETA, the loss
 mean with the range across ranks, and per rank its step, step time, communication share and
-memory, the slowest rank marked. When stdout is not a terminal (an ``sbatch`` log, CI), rich
+memory, the slowest rank marked (the dashboard's rule: :func:`jdist.metrics.panels.slowest_ranks`, against
+the median). When stdout is not a terminal (an ``sbatch`` log, CI), rich
 would print only the last frame, so one plain :func:`status_line` goes out every ``every_s``
 seconds instead. Both read only the :class:`~jdist.metrics.Run` (O(ranks) per refresh).
 
@@ -12,7 +13,7 @@ Example:
     >>> _ = run.add([{"rank": r, "seq": s, "step": s, "loss": 1.0 - 0.1 * s + 0.02 * r, "time": 100.0 + s,
     ...               "step_time_s": 0.02 + 0.01 * r, "comm_time_s": 0.005} for s in range(4) for r in (0, 1)])
     >>> status_line(run)
-    'step 4/10 (40%) loss 0.71 (0.7..0.72) 25.0 ms/step comm 21% slowest r1 (+50%) ETA 6 s'
+    'step 4/10 (40%) loss 0.71 (0.7..0.72) 25.0 ms/step comm 21% slowest r1 (+20%) ETA 6 s'
 """
 
 from __future__ import annotations
@@ -22,12 +23,9 @@ import time
 from typing import IO, Any
 
 from jdist.metrics import Run
-from jdist.metrics.panels import eta_s, loss_metric, steps_done
+from jdist.metrics.panels import RECENT_STEPS, eta_s, loss_metric, slowest_ranks, steps_done
 from jdist.metrics.stats import mean_min_max
 from jdist.protocol import Record
-
-#: Steps each rank's step time is averaged over (recent pace, not the whole run's).
-RECENT = 20
 
 
 def _num(x: float) -> str:
@@ -52,9 +50,9 @@ def _bytes(n: float) -> str:
 
 def rank_rows(run: Run) -> list[dict[str, Any]]:
     """Per rank: its latest step and loss, recent step and communication time (s), memory, and
-    whether it is the slowest (by recent step time; only with more than one rank)."""
-    step = run.per_rank_mean("step_time_s", last=RECENT, skip_first=True)
-    comm = run.per_rank_mean("comm_time_s", last=RECENT, skip_first=True)
+    whether it is the slowest (:func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank)."""
+    step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
+    comm = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
     loss = loss_metric(run)
     rows = []
     for r in run.ranks:
@@ -62,9 +60,9 @@ def rank_rows(run: Run) -> list[dict[str, Any]]:
         rows.append({"rank": r, "host": run.hosts.get(r, ""), "step": rec.get("step"),
                      "loss": rec.get(loss) if loss else None, "step_s": step.get(r), "comm_s": comm.get(r),
                      "mem": rec.get("mem_bytes"), "slowest": False})
-    timed = [row for row in rows if row["step_s"] is not None]
-    if len(timed) > 1:
-        max(timed, key=lambda row: row["step_s"])["slowest"] = True
+    slow = slowest_ranks(run, 1) if len(step) > 1 else []
+    for row in rows:
+        row["slowest"] = bool(slow) and row["rank"] == slow[0][0]
     return rows
 
 
@@ -90,10 +88,9 @@ def status_line(run: Run) -> str:
         comm = [row["comm_s"] / row["step_s"] for row in rows if row["comm_s"] is not None]
         if comm:
             parts.append(f"comm {100 * sum(comm) / len(comm):.0f}%")
-        slow = next((row for row in rows if row["slowest"]), None)
-        fastest = min(row["step_s"] for row in rows)
-        if slow is not None and slow["step_s"] > 1.05 * fastest:
-            parts.append(f"slowest r{slow['rank']} (+{100 * (slow['step_s'] / fastest - 1):.0f}%)")
+        slow = slowest_ranks(run, 1) if len(rows) > 1 else []
+        if slow and slow[0][3] > 1.05:  # more than 5 % above the ranks' median
+            parts.append(f"slowest r{slow[0][0]} (+{100 * (slow[0][3] - 1):.0f}%)")
     eta = eta_s(run)
     if eta is not None:
         parts.append(f"ETA {_duration(eta)}")

@@ -226,7 +226,7 @@ class DistributedMagics(Magics):
     def _dist_debug(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         from ipyparallel.error import RemoteError
 
-        from . import debug
+        from .debug import postmortem as debug
 
         if args.ranks is not None:
             ranks = parse_targets(args.ranks, "--ranks")
@@ -307,7 +307,7 @@ def format_status(status: dict[str, Any]) -> str:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%%distributed`` and ``%dist``, and make ``jdist`` a name of the notebook."""
-    from . import dapbridge
+    from .debug import dapbridge
 
     ipython.register_magics(DistributedMagics)
     ipython.user_ns.setdefault("jdist", sys.modules["jdist"])

@@ -37,10 +37,27 @@ from typing import Any
 from jdist.codec import decode_data
 from jdist.errors import RankError, RankFailure, need
 from jdist.metrics import Run, new_run_id
+from jdist.options import Frontend
 from jdist.plugins import option_table
 
 from .sinks import default_sinks
 from .supervise.collect import RecordCollector
+
+#: ``jdist.ray.fit`` as a front end (:class:`jdist.options.Frontend`): Ray starts and places its own workers,
+#: so no cluster option applies; of the cell options, those of the run's sinks.
+RAY = Frontend(
+    "jdist.ray.fit",
+    honours=frozenset({"no_dashboard", "run_dir"}),
+    plugins=frozenset({"sink"}),
+    refuses={
+        **{name: "Ray starts and places its workers (ScalingConfig, RunConfig)" for name in (
+            "n", "gpus", "backend", "launcher", "encrypt", "timeout", "port", "threads", "precision", "watchdog",
+            "interrupt_grace", "auto_restart", "start_timeout", "cluster", "restart")},
+        "targets": "every Ray worker runs train_loop_per_worker",
+        "output": "Ray prints its workers' output itself (ray.init(log_to_driver=...))",
+        "debug_ranks": "breakpoint() in Ray workers is Ray's own debugger (ray debug)",
+    },
+)
 
 #: Seconds between two reads of the run's queue while the workers train.
 POLL_S = 0.1
@@ -60,10 +77,14 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     those of ``%%distributed`` by name: ``no_dashboard=True``, ``run_dir=``, ``tensorboard=``, ``mlflow=``.
     """
     table = option_table()
-    unknown = sorted(set(cell_options) - {o.name for o in table.cell})
+    taken = [o.name for o in table.honoured(RAY)]
+    unknown = sorted(set(cell_options) - {o.name for o in (*table.cluster, *table.cell)})
     if unknown:
-        raise TypeError(f"jdist.ray.fit: no cell option {unknown[0]!r}; the cell options are: "
-                        f"{', '.join(o.name for o in table.cell)}.")
+        raise TypeError(f"jdist.ray.fit: no option {unknown[0]!r}; it takes: {', '.join(taken)}.")
+    try:
+        table.refuse_given(RAY, cell_options)
+    except ValueError as exc:
+        raise TypeError(f"{exc} It takes: {', '.join(taken)}.") from None
     opts = table.cell_options(cell_options)
     ray = need("ray", "jdist.ray", "ray")
     from ray.util.queue import Queue

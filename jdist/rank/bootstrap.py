@@ -210,12 +210,28 @@ def start_session(world: World, device: Any, master_addr: str, spec: Any, guard:
     return s
 
 
+#: ``OMP_NUM_THREADS`` as the rank process inherited it from the user's environment, before jdist set it:
+#: without ``--threads`` it wins over cores / ranks, as torchrun keeps it.
+INHERITED_OMP = os.environ.get("OMP_NUM_THREADS")
+
+
+def default_threads(inherited: str | None, cores: int, local_ranks: int) -> int:
+    """torch threads per rank when ``--threads`` is not given: the user's ``OMP_NUM_THREADS``, else cores / ranks.
+
+    >>> default_threads("3", 2, 2), default_threads(None, 8, 2), default_threads("lots", 2, 4)
+    (3, 4, 1)
+    """
+    if inherited and inherited.strip().isdigit() and int(inherited) > 0:
+        return int(inherited)
+    return max(1, cores // local_ranks)
+
+
 def _set_threads(s: RankSession, threads: int | None) -> None:
     import torch
 
     if threads is None and s.ctx.device_kind == "cuda":
         return  # GPU ranks keep torch's own choice unless asked
-    n = int(threads) if threads else max(1, (os.cpu_count() or 1) // s.ctx.local_world_size)
+    n = int(threads) if threads else default_threads(INHERITED_OMP, os.cpu_count() or 1, s.ctx.local_world_size)
     torch.set_num_threads(n)
     os.environ["OMP_NUM_THREADS"] = str(n)  # what the ranks' torchrun environment says
 

@@ -1,7 +1,7 @@
 """JupyterLab's visual debugger on a rank: debugpy in the rank, its protocol relayed through jdist's channels.
 
 The notebook's Debugger panel speaks the Debug Adapter Protocol (DAP) to the kernel. For a
-``%%distributed`` cell the kernel (:mod:`jdist.kernel.dapbridge`) passes the requests on to the
+``%%distributed`` cell the kernel (:mod:`jdist.kernel.debug.dapbridge`) passes the requests on to the
 ranks: each request travels on the engine's signed control channel (``jdist_dap_request``), is
 answered here on the engine's control thread by the rank's own debugpy, and the answer goes back in
 the control reply. debugpy's events (a rank stopped at a breakpoint, continued) go to the kernel as

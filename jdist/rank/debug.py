@@ -2,7 +2,7 @@
 
 Post-mortem: each failing cell's exception is kept (:func:`note_failure`, from the rank's post-cell
 hook), as IPython keeps ``sys.last_traceback``: its frames, with their locals, stay alive until the
-next failure. ``%dist debug`` in the notebook (:mod:`jdist.kernel.debug`) then drives one
+next failure. ``%dist debug`` in the notebook (:mod:`jdist.kernel.debug.postmortem`) then drives one
 :class:`pdb.Pdb` per rank, one command per call (:func:`command`), its output captured and sent
 back: no terminal, no listener, no stdin on the rank; nothing of the rank's state changes.
 

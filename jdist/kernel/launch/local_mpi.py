@@ -10,6 +10,15 @@ their pidfds and notes which ended first; each engine runs under a small shell t
 own exit status into the cluster's private folder (mpiexec reports one status only, often of a
 rank it killed while cleaning up); stacks are dumped by ``SIGUSR1`` into that folder
 (faulthandler, see :mod:`jdist.rank.guard`); the kernel's cgroup tells an out-of-memory kill.
+
+What the engines write to their own stdout and stderr (ipyparallel's engine log, C++ messages,
+fatal errors; a cell's output goes to the notebook over IOPub instead) goes straight into the
+engine launcher's output file, which jdist reads for start-up errors and causes of death, not
+through gforker: gforker forwards a rank's output byte by byte and closes that rank's pipe at the
+first byte above 127 (``fputc`` compared with a signed ``char``: MPICH's ``labelout.c``), so every
+later write of the rank failed with ``BrokenPipeError``. gloo's "Connection closed by peer" text
+ends in an emoji, and ipyparallel's engine logs it when a rank is released from a collective;
+after that each cell printed a ``--- Logging error ---`` traceback.
 """
 
 from __future__ import annotations
@@ -33,8 +42,14 @@ from jdist.waiting import poll_until
 from .api import RankDeath, RankLauncher
 from .mpi import ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
 
-#: The shell around each engine: records the rank's own exit status in the cluster's folder.
-RANK_WRAPPER = engine_shell(after="echo $code > {exit_file}; exit $code")
+#: The environment variable that names the engine launcher's output file to the shell around each engine.
+OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
+#: The shell around each engine: writes the engine's stdout and stderr to the launcher's output file
+#: (appending, as mpiexec does; not through gforker's pipes: see the module doc) and records the
+#: rank's own exit status in the cluster's folder.
+RANK_WRAPPER = engine_shell(
+    before=f'if [ -n "${OUTPUT_ENV}" ]; then exec >>"${OUTPUT_ENV}" 2>&1; fi; unset {OUTPUT_ENV}; ',
+    after="echo $code > {exit_file}; exit $code")
 
 
 def local_mpiexec() -> str:
@@ -56,10 +71,40 @@ def oom_kills() -> int | None:
     return None
 
 
+def local_engine_set_launcher() -> type:
+    """ipyparallel's MPI engine launcher (:func:`~jdist.kernel.launch.mpi.engine_set_launcher`) that names
+    its output file to the ranks (:data:`OUTPUT_ENV`; :data:`RANK_WRAPPER` writes there)."""
+
+    class JdistLocalMPIEngineSetLauncher(engine_set_launcher()):  # type: ignore[misc]
+        def get_env(self) -> dict[str, str]:
+            return {**super().get_env(), OUTPUT_ENV: self.output_file}
+
+    return JdistLocalMPIEngineSetLauncher
+
+
+#: Largest rank count accepted for CPU ranks on this machine (each rank is a Python process with torch);
+#: launchers that spread ranks over hosts have no such limit.
+MAX_LOCAL_RANKS = 64
+
+
 class LocalMPILauncher(RankLauncher):
     """MPI ranks on this machine (see the module doc)."""
 
     name = "local-mpi"
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        """More than :data:`MAX_LOCAL_RANKS` CPU ranks on one machine are refused.
+
+        >>> from jdist.options import ClusterConfig
+        >>> LocalMPILauncher.check(ClusterConfig(n=128))
+        Traceback (most recent call last):
+        ...
+        ValueError: -n 128 is more than 64 ranks on this machine; use -n 64 or fewer, or spread them over hosts (--hosts, --slurm).
+        """
+        if not config.gpus and config.n > MAX_LOCAL_RANKS:
+            raise ValueError(f"-n {config.n} is more than {MAX_LOCAL_RANKS} ranks on this machine; use -n "
+                             f"{MAX_LOCAL_RANKS} or fewer, or spread them over hosts (--hosts, --slurm).")
 
     def __init__(self, config: Any, work_dir: Path):
         super().__init__(config, work_dir)

@@ -11,8 +11,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from jdist.errors import HangError, RankDied, RankError, RankFailure
+from jdist.errors import DEAD_HINT, HangError, RankDied, RankError, RankFailure
 from jdist.metrics import Run
+from jdist.options import NOTEBOOK, Frontend
 
 from ..launch import RankDeath
 from .outcome import CellStatus, Observations, Outcome
@@ -56,8 +57,9 @@ class CellResult:
         return self.outcome.status is CellStatus.FINISHED
 
 
-def fault_notes(result: CellResult) -> list[str]:
-    """What was done about released or stuck ranks and what was kept, as lines for the user."""
+def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
+    """What was done about released or stuck ranks and what was kept, as lines for the user (the advice in
+    ``frontend``'s words: :attr:`jdist.options.Frontend.restart`)."""
     lines = list(result.hints)
     obs = result.obs
     rep = result.rebuilt or {}
@@ -66,15 +68,20 @@ def fault_notes(result: CellResult) -> list[str]:
         first = result.outcome.first_failed
         why = "of the hang" if obs.hang is not None else (
             f"rank {first} failed" if first is not None else "of the interrupt")
+        alike: dict[str, list[int]] = {}  # at 32 ranks, one line per place rather than one per rank
         for r in obs.released:
-            how = f"it was waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt"
-            lines.append(f"rank {r}: released because {why} ({how}).")
+            alike.setdefault(f"waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt", []).append(r)
+        for how, ranks in alike.items():
+            it = "it was " if len(ranks) == 1 else "they were "
+            lines.append(f"{rank_ranges(ranks)}: released because {why} "
+                         f"({it + how if how.startswith('waiting') else how}).")
     if result.unusable:
         reasons = sorted(set(result.unusable.values()))
         lines.append(f"{rank_ranges(sorted(result.unusable)).capitalize()}: the collectives cannot be used again in "
                      f"these processes ({'; '.join(reasons)}).")
     if "error" in rep:
-        lines.append(f"The process group could not be re-created ({rep['error']}): run %dist restart.")
+        lines.append(f"The process group could not be re-created ({rep['error']})"
+                     + (f": run {frontend.restart}." if frontend.restart else "."))
     elif result.rebuilt and rep.get("rebuilt", True):
         kept, lost = rep.get("kept"), rep.get("lost")
         lines.append("The process group was re-created on all ranks; variables on the ranks are kept"
@@ -84,7 +91,9 @@ def fault_notes(result: CellResult) -> list[str]:
     if obs.stuck:
         lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {result.grace_s:g} s:")
         lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
-        lines.append("Run %dist restart to get the ranks back (their variables are lost; %dist stacks shows where they are).")
+        if frontend.restart:
+            lines.append(f"Run {frontend.restart} to get the ranks back (their variables are lost"
+                         + (f"; {frontend.stacks} shows where they are)." if frontend.stacks else ")."))
     return lines
 
 
@@ -115,7 +124,8 @@ def exit_note(result: CellResult) -> str | None:
             "the ranks and their variables stay (%dist stop ends them).")
 
 
-def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = ()) -> None:
+def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = (),
+                     frontend: Frontend = NOTEBOOK) -> None:
     """Raise one concise error for a failed, hung, dead or interrupted cell (nothing if it finished;
     a cell that exited with code 0 on some ranks prints one line saying so).
 
@@ -125,15 +135,16 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         note = exit_note(result)
         if note:
             print(note, flush=True)
-    extra = fault_notes(result) + list(notes)
+    extra = fault_notes(result, frontend) + list(notes)
     obs = result.obs
     if obs.death is not None:
         d = obs.death
         raise RankDied(
             f"rank {d.rank} died: {d.cause}. MPI ended the other rank(s) too "
             f"(detected after {result.elapsed_s:.1f} s).",
-            *(extra or ["Run %dist restart to start fresh ranks: it replays the set-up cells and restores the "
-                        "newest checkpoint of jdist.checkpoint_every, if there is one; other variables are lost."]),
+            *(extra or [f"Run {frontend.restart} to start fresh ranks: it replays the set-up cells and restores the "
+                        "newest checkpoint of jdist.checkpoint_every, if there is one; other variables are lost."]
+              if frontend.restart else extra),
         )
     if obs.hang is not None and not result.failed:
         finished = [r for r in obs.ranks if r not in obs.hang]
@@ -148,4 +159,6 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         raise KeyboardInterrupt(msg)
     if result.failed:
         assert result.outcome.first_failed is not None
-        raise RankError(result.failed, world_size, result.outcome.first_failed, extra)
+        released = [r for r in obs.released if r not in result.failed]
+        raise RankError(result.failed, world_size, result.outcome.first_failed, extra, released=len(released),
+                        dead_hint=DEAD_HINT if frontend.restart else None)

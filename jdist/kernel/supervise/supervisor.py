@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import builtins
 import queue
 import sys
 import time
@@ -33,14 +32,14 @@ from jdist.errors import RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
 from jdist.plugins import backend_spec
-from jdist.protocol import DEBUG_REPLY, parse_message
+from jdist.protocol import parse_message
 from jdist.stacks import summary
 
-from .. import dapbridge
 from .detectors import Detector, Release, Stop, default_detectors
 from .outcome import Observations, classify
 from .output import RankOutput
 from .collect import RecordCollector
+from .hooks import CellHook
 from .report import CellResult
 from .view import IppCellView, Message
 
@@ -63,14 +62,11 @@ class CellSupervisor:
                  sinks: Callable[[Run], list[RecordSink]], detectors: list[Detector] | None = None,
                  poll_s: float = 0.05, *, run_code: str | None = None,
                  show: Callable[[dict[str, Any]], None] | None = None, rebuild: bool = True,
-                 debug_ranks: Sequence[int] | None = None, ask: Callable[[str], str] | None = None,
-                 raw: str | None = None):
+                 hooks: Sequence[CellHook] = ()):
         """``run_code``: the code the run shows (default ``code``; ``jdist run``: the script);
         ``show``: how rank displays are shown (default: in the notebook); ``rebuild``: re-build a
-        process group that a release broke (``jdist run`` ends instead); ``debug_ranks``: where
-        ``breakpoint()`` stops; ``ask``: how a pdb prompt gets its line (default: ``input``, looked up when asked: the
-        notebook's input box); ``raw``: the notebook cell as typed (JupyterLab's Debugger panel names the cell
-        by it: :mod:`jdist.kernel.dapbridge`)."""
+        process group that a release broke (``jdist run`` ends instead); ``hooks``: features acting inside
+        the cell (the debuggers: :func:`jdist.kernel.debug.hooks.debug_hooks`)."""
         self.cluster = cluster
         self.code = code
         targets = cluster.engine_ids(ranks)
@@ -80,6 +76,7 @@ class CellSupervisor:
                                        on_checkpoint=cluster.recovery.note_message)
         self.rebuild = rebuild
         self.detectors = detectors if detectors is not None else default_detectors(cluster.config.watchdog)
+        self.hooks = list(hooks)
         self.poll_s = poll_s
         self.obs = Observations(ranks=list(self.ranks))
         self.phase = Phase.RUNNING
@@ -87,12 +84,7 @@ class CellSupervisor:
         self.view: IppCellView = None  # type: ignore[assignment]  # set by run()
         self.last_progress = time.monotonic()
         self.deadline: float | None = None
-        self.debug_ranks = list(debug_ranks) if debug_ranks else []
-        self.ask = ask
-        self.raw = raw
-        self.bridge: Any = None  # jdist.kernel.dapbridge.DapBridge, while the Debugger panel has breakpoints here
-        self.paused: set[int] = set()
-        self.told: set[int] = set()  # ranks whose stop in the Debugger panel the notebook was told of
+        self.paused: set[int] = set()  # ranks stopped in a debugger (no hang while they are)
 
     @property
     def releasing(self) -> bool:
@@ -100,15 +92,12 @@ class CellSupervisor:
 
     def run(self) -> CellResult:
         t0 = time.perf_counter()
-        if self.debug_ranks:
-            self.cluster.call("debug_arm", self.debug_ranks)
         code = self.code
-        bridge = dapbridge.current()
-        if bridge is not None and self.raw is not None:
-            padded = bridge.prepare(self.cluster, self.code, self.raw, self.ranks, self.debug_ranks)
-            if padded is not None:
-                self.bridge, code = bridge, padded
+        started: list[CellHook] = []
         try:
+            for hook in self.hooks:
+                code = hook.before(self, code)
+                started.append(hook)
             self.view = IppCellView(self.cluster.execute(code, self.ranks), self.ranks)
             self.view.attach(self.inbox)
             self.last_progress = time.monotonic()
@@ -116,13 +105,8 @@ class CellSupervisor:
         finally:
             for rank in list(self.paused):  # interrupted or failed while paused: no longer paused
                 self.cluster.set_paused(rank, False)
-            if self.bridge is not None:
-                self.bridge.finish(self.cluster, self.ranks)
-            if self.debug_ranks and not self.cluster.dead_ranks():
-                try:
-                    self.cluster.call("debug_arm", None, timeout=10)
-                except Exception:  # the ranks are stuck or gone: the cell's report says so
-                    pass
+            for hook in reversed(started):
+                hook.after(self)
         self.phase = Phase.DRAINING
         result = self._drain()
         result.elapsed_s = time.perf_counter() - t0
@@ -190,30 +174,12 @@ class CellSupervisor:
                 self.output.display(rank, content)
             elif kind == "data":
                 msg = parse_message(content)
-                if msg is not None and msg["kind"] == "debug":
-                    self.debug_prompt(rank, msg)
-                elif msg is not None and msg["kind"] == "dap":
-                    self.debugger_event(rank, msg["event"])
-                elif msg is not None:
+                if msg is not None and not any(hook.on_message(self, rank, msg) for hook in self.hooks):
                     self.records.handle(rank, msg)
 
-    def debugger_event(self, rank: int, event: dict[str, Any]) -> None:
-        """Rank ``rank``'s debugpy stopped (at a breakpoint of the Debugger panel) or continued: the panel is
-        told, the rank shows as paused, and the first stop says what the other ranks do meanwhile."""
-        if self.bridge is None:
-            return
-        stopped = self.bridge.on_event(rank, event)
-        if stopped and rank not in self.paused:
-            self._pause(rank, True)
-            if rank not in self.told:  # once per cell: each step stops the rank again
-                self.told.add(rank)
-                self._say_paused(rank, "at a breakpoint (the Debugger panel shows its stack and variables)",
-                                 "continue in the panel goes on")
-        elif not stopped and rank in self.paused:
-            self._pause(rank, False)
-
-    def _pause(self, rank: int, paused: bool) -> None:
-        """Rank ``rank`` stopped in a debugger (or went on): the sidebar and the dashboard's header show it."""
+    def pause(self, rank: int, paused: bool) -> None:
+        """Rank ``rank`` stopped in a debugger (or went on): no hang while it is; the sidebar and the
+        dashboard's header show it."""
         if paused:
             self.paused.add(rank)
         else:
@@ -221,7 +187,8 @@ class CellSupervisor:
         self.cluster.set_paused(rank, paused)
         self.records.paused(sorted(self.paused))
 
-    def _say_paused(self, rank: int, where: str, how: str) -> None:
+    def say_paused(self, rank: int, where: str, how: str) -> None:
+        """One line: rank ``rank`` stopped ``where``, what the other ranks do meanwhile, and ``how`` to go on."""
         others = [r for r in self.ranks if r != rank and r not in self.paused]
         timeout = self.cluster.config.timeout
         when = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout))
@@ -230,29 +197,6 @@ class CellSupervisor:
                  f"process group gives up after --timeout {timeout:g} s (by {when} if they are there now). "
                  if others else "")
               + f"{how}, the interrupt stops the cell.", flush=True)
-
-    def debug_prompt(self, rank: int, msg: dict[str, Any]) -> None:
-        """Rank ``rank`` waits in pdb (``breakpoint()``): show what pdb wrote, ask for a line in the
-        notebook, send it back on the engine's control channel. While the input box is open nothing else
-        is polled (no hang is declared for the ranks waiting for this one)."""
-        text = msg["text"].removesuffix("(Pdb) ")
-        if self.releasing:  # interrupted or released: no more input boxes, the rank's pdb is told to quit
-            self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": "q"})
-            return
-        if rank not in self.paused:
-            self._pause(rank, True)
-            self._say_paused(rank, "at breakpoint()", "c continues, q stops the cell on this rank")
-        if text.strip():
-            print(text.rstrip("\n"))
-        try:
-            line = (self.ask or builtins.input)(f"(Pdb r{rank}) ")
-        except (EOFError, NotImplementedError):  # no input box (a frontend without stdin)
-            print(f"jdist: no input box here (this frontend does not allow input): rank {rank} continues.")
-            line = "c"
-        self.cluster.reply(rank, DEBUG_REPLY, {"seq": msg["seq"], "line": line})
-        if line.strip() in ("c", "cont", "continue", "q", "quit", "exit"):
-            self._pause(rank, False)
-        self.last_progress = time.monotonic()
 
     # -- DRAINING ----------------------------------------------------------------------------
     def _drain(self) -> CellResult:
@@ -337,14 +281,15 @@ def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Seque
     dashboard, run log, trackers). Faults are handled while it waits (see docs/reliability.md).
     A cell that finished and logged nothing is noted in ``cluster.recovery`` (``%dist restart``
     replays it with ``opts``). ``debug_ranks``: where ``breakpoint()`` stops, with a pdb prompt in the
-    notebook (:meth:`CellSupervisor.debug_prompt`), and where the Debugger panel's breakpoints stop; ``raw``: the
-    cell as typed. Returns a :class:`CellResult`; errors are not raised here
+    notebook (:class:`jdist.kernel.debug.hooks.PdbHook`), and where the Debugger panel's breakpoints stop; ``raw``:
+    the cell as typed (:class:`jdist.kernel.debug.hooks.DapHook`). Returns a :class:`CellResult`; errors are not raised here
     (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
+    from ..debug.hooks import debug_hooks
     from ..sinks import default_sinks
 
     result = CellSupervisor(cluster, code, ranks, opts.output, lambda run: default_sinks(run, opts),
-                            debug_ranks=debug_ranks, raw=raw).run()
+                            hooks=debug_hooks(debug_ranks, raw)).run()
     if result.ok and result.run is None:
         cluster.recovery.note_cell(code, list(ranks) if ranks is not None else None, opts)
     return result

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from jdist.errors import strip_ansi
 
-from . import cluster as cl
+from .. import cluster as cl
 
 HELP = ("pdb on finished frames: p/pp EXPR, l/ll (list), w (where), u/d (up/down), a (args), "
         "any Python statement; q ends (the ranks stay as they are).")
