@@ -103,7 +103,9 @@ class BackendSpec:
     it connects (overlapping the controller's start); ``hints``: ``(text, line)`` pairs: a rank's
     error whose ``ename: evalue`` contains ``text`` gets ``line`` under it (a known upstream failure
     and its fix). ``slots``: its group is torch's default group, which ``jdist.tune`` can tile into slot groups
-    of ``per_trial`` ranks for its trials (and form again over the world after the sweep).
+    of ``per_trial`` ranks for its trials (and form again over the world after the sweep). ``releases``: a rank
+    blocked in one of its collectives can be released (torch's groups: the rank's guard breaks their
+    sockets); without it, a rank that does not stop after a release is restarted with the others.
     """
 
     name: str
@@ -120,6 +122,7 @@ class BackendSpec:
     preimport: tuple[str, ...] = ("torch",)
     hints: tuple[tuple[str, str], ...] = ()
     slots: bool = False
+    releases: bool = True
 
     def hints_for(self, errors: Iterable[str]) -> list[str]:
         """The hint lines for these ``ename: evalue`` lines, each once, in the order of :attr:`hints`.
@@ -274,7 +277,7 @@ KERAS3_FIT = ("Keras 3's model.fit does not run under MultiWorkerMirroredStrateg
               "in a custom loop with strategy.run.")
 TF = BackendSpec("tf", "jdist.rank.backends.tf:TFBackend", requires=("tensorflow", "tf_keras"),
                  install_hint=TF_INSTALL_HINT, collective_paths=(), options=(FRAMEWORK,), check=check_tf,
-                 framework="tf", preimport=(), hints=(("with an unsupported type (<class 'tensorflow.python."
+                 framework="tf", preimport=(), releases=False, hints=(("with an unsupported type (<class 'tensorflow.python."
                                                        "distribute.values.PerReplica'>)", KERAS3_FIT),),
                  help="TensorFlow MultiWorkerMirroredStrategy (--framework tf): tf-keras model.fit or custom loops")
 

@@ -4,6 +4,7 @@ model.fit with jdist.keras.Callback, a custom training loop, and bad input as on
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -189,5 +190,30 @@ def test_an_interrupt_while_a_rank_waits_in_a_collective_restarts_the_ranks(tf_r
     assert out.error["ename"] == "KeyboardInterrupt", shown
     assert "the collectives cannot be used again in these processes" in shown and "Restarted 2 rank(s)" in shown, shown
     out = tf_ranks.run("%%distributed --output all\n"
+                       "print('sum', float(strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)))")
+    assert out.stdout.count("sum 2.0") == 2, out.stdout + out.shown
+
+
+def test_an_error_while_the_other_rank_waits_in_a_compiled_collective_is_reported_and_the_ranks_restart(tf_ranks):
+    """Rank 1 raises while rank 0 waits in a tf.function's collective, which no signal releases: the error is
+    rank 1's (it was lost when rank 0 did not stop), rank 0 is named with where it is, and the ranks restart in
+    the same cell (TF cannot release the collective); the failed cell is no set-up cell for the restart."""
+    out = tf_ranks.run("%%distributed --interrupt-grace 1\n"
+                       "@tf.function\n"
+                       "def total():\n"
+                       "    return strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)\n"
+                       "if rank == 1:\n"
+                       "    raise ValueError('rank 1 gave up before the collective')\n"
+                       "total()", allow_error=True, timeout=120)
+    shown = out.shown + out.stdout
+    assert "first failure on rank 1: ValueError: rank 1 gave up before the collective" in shown, shown
+    assert "rank(s) 0 did not stop within 1 s:" in shown, shown
+    assert "Rank 0: the collectives cannot be used again in these processes (still waiting in a collective, which tf " \
+           "cannot release)" in shown, shown
+    assert "rank 0: released because rank 1 failed (still running: below)." in shown, shown
+    # the failed cell is not replayed as a set-up cell (it would fail again, and block rank 0 again)
+    assert re.search(r"Restarted 2 rank\(s\) in [\d.]+ s; replayed \d+ set-up cell\(s\); restored", shown), shown
+    assert "Run %dist restart" not in shown, shown
+    out = tf_ranks.run("%%distributed --output all --interrupt-grace 10\n"
                        "print('sum', float(strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)))")
     assert out.stdout.count("sum 2.0") == 2, out.stdout + out.shown

@@ -70,7 +70,9 @@ def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
             f"rank {first} failed" if first is not None else "of the interrupt")
         alike: dict[str, list[int]] = {}  # at 32 ranks, one line per place rather than one per rank
         for r in obs.released:
-            alike.setdefault(f"waiting in {where[r]}" if r in where else "stopped with KeyboardInterrupt", []).append(r)
+            how = (f"waiting in {where[r]}" if r in where else "still running: below" if r in obs.stuck
+                   else "stopped with KeyboardInterrupt")
+            alike.setdefault(how, []).append(r)
         for how, ranks in alike.items():
             it = "it was " if len(ranks) == 1 else "they were "
             lines.append(f"{rank_ranges(ranks)}: released because {why} "
@@ -91,7 +93,7 @@ def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
     if obs.stuck:
         lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {result.grace_s:g} s:")
         lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
-        if frontend.restart:
+        if frontend.restart and not result.unusable:  # (unusable ranks: the front end restarts them)
             lines.append(f"Run {frontend.restart} to get the ranks back (their variables are lost"
                          + (f"; {frontend.stacks} shows where they are)." if frontend.stacks else ")."))
     return lines

@@ -201,12 +201,12 @@ class CellSupervisor:
     # -- DRAINING ----------------------------------------------------------------------------
     def _drain(self) -> CellResult:
         obs, view, cluster = self.obs, self.view, self.cluster
+        spec = backend_spec(cluster.config.backend)
         stuck_stacks: dict[int, str] = {}
         if obs.death is None and view.ready():
             view.wait_for_output(5)
         elif obs.death is None:
             obs.stuck = view.running()
-            spec = backend_spec(cluster.config.backend)
             stuck_stacks = {r: summary(f, spec.backward_waits, spec.collective_paths)
                             for r, f in cluster.stacks(obs.stuck).items()}
         self._pump()
@@ -220,15 +220,19 @@ class CellSupervisor:
                 self.records.refetch(self.ranks)
             except Exception as exc:  # say so rather than hide it
                 print(f"jdist: could not check the metric stream for missing records: {exc}", file=sys.stderr)
+        else:  # some ranks are stuck: the failures of those that ended are still the root cause
+            obs.failures = view.failures()
         self.output.close()
         rebuilt, unusable = None, {}
-        if obs.death is None and not obs.stuck and (obs.failures or obs.interrupted or obs.released):
+        if obs.death is None and obs.stuck and not spec.releases:  # no release will ever come: new processes
+            unusable = {r: f"still waiting in a collective, which {spec.name} cannot release" for r in obs.stuck}
+        elif obs.death is None and not obs.stuck and (obs.failures or obs.interrupted or obs.released):
             unusable = unusable_ranks(cluster)
         if not unusable and obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
             rebuilt = rebuild_group(cluster) if self.rebuild else released_where(cluster)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
-        hints = backend_spec(cluster.config.backend).hints_for(f.summary for f in obs.failures.values())
+        hints = spec.hints_for(f.summary for f in obs.failures.values())
         return CellResult(obs, outcome, run=self.records.run, rebuilt=rebuilt, stuck_stacks=stuck_stacks,
                           watchdog_s=cluster.config.watchdog, grace_s=cluster.config.interrupt_grace,
                           unusable=unusable, hints=hints)

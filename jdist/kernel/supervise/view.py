@@ -127,11 +127,14 @@ class IppCellView:
         return [name for name in names if name is not None]
 
     def failures(self) -> dict[int, RankFailure]:
-        """Per rank whose part failed (engine death included): what failed and when (call once ready)."""
+        """Per rank whose part failed (engine death included): what failed and when. Ranks still running (stuck
+        after a release) are left out: the failure of a rank that ended is kept whatever the others do."""
         from ipyparallel.error import RemoteError
 
         out: dict[int, RankFailure] = {}
         for rank, child, md in zip(self.ranks, self._children, self.ar.metadata):
+            if not child.done():
+                continue
             err = md.get("error")
             if err is None and child.exception() is not None:
                 err = child.exception()
