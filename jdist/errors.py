@@ -100,6 +100,27 @@ class HangError(OneLineError):
     """The watchdog saw every running rank wait in a collective without progress."""
 
 
+class CellInterrupt(KeyboardInterrupt):
+    """The user's interrupt of a cell (or ``q`` in a rank's pdb), once the ranks stopped: rendered as its
+    lines, never as a traceback of jdist's own frames. It is a ``KeyboardInterrupt`` and is named so (the
+    name a notebook shows, and what code catching the interrupt expects).
+
+    >>> err = CellInterrupt("Interrupted: every rank received SIGINT and stopped.", "rank 0: released ...")
+    >>> type(err).__name__, err._render_traceback_()[0]
+    ('KeyboardInterrupt', '\\x1b[0;31mKeyboardInterrupt\\x1b[0m: Interrupted: every rank received SIGINT and stopped.')
+    """
+
+    def __init__(self, *lines: str):
+        self.lines = [line for text in lines for line in str(text).splitlines()] or [""]
+        super().__init__(self.lines[0])
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self.lines[0]}", *self.lines[1:]]
+
+
+CellInterrupt.__name__ = CellInterrupt.__qualname__ = "KeyboardInterrupt"
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What failed on one rank: the exception (``ename``/``evalue``), its traceback lines as
@@ -195,6 +216,7 @@ class RankError(JdistError):
 
 
 __all__ = [
+    "CellInterrupt",
     "ClusterChanged",
     "ClusterError",
     "DEAD_HINT",

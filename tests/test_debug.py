@@ -111,6 +111,35 @@ def test_an_interrupt_during_a_pause_ends_the_cell_and_the_ranks_go_on(failed):
     assert failed.value("after") == [2.0, 2.0]
 
 
+def test_pdb_steps_through_the_cell_labels_several_ranks_and_q_stops_the_cell_cleanly(failed):
+    """Both ranks stop (--debug-ranks all): each answer labelled; ``n`` goes from statement to statement of the
+    cell (IPython runs each as its own code) with no "--Return--" stop, no engine frame in ``w`` and no stale
+    ``->None`` later, and stepping past the last line ends the pause. Then ``q`` on rank 1 stops the cell
+    there: an interrupt, not a crash; rank 0 is released; the next cell runs on both."""
+    out = failed.run("%%distributed --debug-ranks all --output all\nbreakpoint()\nstepped = rank\n"
+                     "stepped += 10", replies=["p ('at', rank)", "p ('at', rank)", "n", "n", "w", "w", "n", "n",
+                                               "n", "n"], timeout=120)
+    text = strip_ansi(out.stdout)
+    assert not out.error, out.shown
+    assert sorted(set(out.prompts)) == ["(Pdb r0) ", "(Pdb r1) "], out.prompts
+    assert "[rank 0] ('at', 0)" in text and "[rank 1] ('at', 1)" in text, text
+    assert "--Return--" not in text and "->None" not in text and "interactiveshell.py" not in text, text
+    failed.run("%dist pull stepped")
+    assert failed.value("stepped") == [10, 11]
+    out = failed.run("%%distributed --debug-ranks 1\nif rank == 1:\n    breakpoint()\nt = torch.ones(1); "
+                     "dist.all_reduce(t)", replies=["q"], allow_error=True, timeout=120)
+    assert out.error and out.error["ename"] == "KeyboardInterrupt", out.shown
+    shown = strip_ansi(out.shown)
+    assert shown.startswith("KeyboardInterrupt: Stopped: pdb's q on rank 1 ended the cell there (the other ranks "
+                            "were released); variables on the ranks are kept."), shown
+    assert "rank 0: released because of pdb's q on rank 1" in shown, shown
+    assert "BdbQuit" not in shown and "RankError" not in shown and "magics.py" not in shown, shown
+    out = failed.run("%%distributed --output all\nt = torch.ones(1); dist.all_reduce(t)\nprint(float(t))")
+    assert sorted(out.stdout.strip().splitlines()) == ["[rank 0] 2.0", "[rank 1] 2.0"], out.stdout
+    out = failed.run("%%distributed --targets 0 --debug-ranks 1\nx = 1", allow_error=True)
+    assert "--debug-ranks 1: rank(s) 1 do not run this cell (--targets 0)" in strip_ansi(out.shown), out.shown
+
+
 # -- JupyterLab's Debugger panel (the Jupyter debug protocol on the kernel's control channel, as the panel
 #    sends it; jdist.kernel.debug.dapbridge passes a %%distributed cell's part on to debugpy on the ranks) -----------
 PANEL_CELL = """%%distributed --debug-ranks 1
@@ -153,6 +182,7 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         assert values["seen"] == "41" and values["rank"] == "1", values  # rank 1's own state
         assert panel("evaluate", expression="seen * 2", frameId=frames[0]["id"], context="repl")["body"]["result"] == "82"
         assert not [f for f in frames if re.search(r"/(IPython|ipykernel|ipyparallel|jdist)/", f["source"].get("path", ""))]
+        assert [f["source"].get("path") for f in frames] == [path], frames  # no engine start-up frame (<string>) below
         # step over: rank 1 stops again on the next line, with the line's effect in its variables
         assert panel("next", threadId=thread)["success"]
         assert panel.wait_event("stopped")["body"]["threadId"] == thread
@@ -189,7 +219,7 @@ def test_the_debugger_panel_stops_rank_1_at_a_gutter_breakpoint_with_its_stack_a
         failed.km.interrupt_kernel()
         out = failed.collect(msg_id, timeout=60)
         assert out.error and out.error["ename"] == "KeyboardInterrupt", out.shown
-        assert "Interrupted: every rank received SIGINT and stopped" in out.stderr, out.stderr
+        assert "Interrupted: every rank received SIGINT and stopped" in out.shown, out.shown
         out = failed.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(float(t))")
         assert out.stdout.strip() == "2.0"
     finally:

@@ -218,7 +218,7 @@ def test_busy_ranks_live_run_and_interrupt_through_the_kernel(server, session):
     assert status == 200 and body["via"] == "kernel", body
     out = session.collect(msg_id, timeout=120)
     assert out.error and out.error["ename"] == "KeyboardInterrupt"
-    assert "Interrupted: every rank received SIGINT and stopped" in strip_ansi(out.stderr)
+    assert "Interrupted: every rank received SIGINT and stopped" in strip_ansi(out.shown)
     after = wait_for(lambda: next((c for c in clusters(server) if c["kernel_state"] == "idle"
                                    and [r["state"] for r in c["ranks"]] == ["idle", "idle"]), None),
                      timeout=20, what="idle ranks after the interrupt")

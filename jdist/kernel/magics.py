@@ -114,9 +114,14 @@ class DistributedMagics(Magics):
         except ValueError as exc:
             raise usage_error(f"--targets: {exc}") from None
         if opts.debug_ranks:
-            debug_ranks = list(range(cluster.config.n)) if debug_ranks is None else debug_ranks
+            cell_ranks = list(range(cluster.config.n)) if ranks is None else ranks
+            debug_ranks = cell_ranks if debug_ranks is None else debug_ranks  # all: every rank of the cell
             if max(debug_ranks) >= cluster.config.n:
                 raise usage_error(f"--debug-ranks: rank {max(debug_ranks)} does not exist (ranks 0-{cluster.config.n - 1}).")
+            outside = sorted(set(debug_ranks) - set(cell_ranks))
+            if outside:
+                raise usage_error(f"--debug-ranks {opts.debug_ranks}: rank(s) {', '.join(map(str, outside))} do not run "
+                                  f"this cell (--targets {opts.targets}); stop on ranks it runs on, or widen --targets.")
         raw = self.shell.history_manager.input_hist_raw
         result = run_cell(cluster, cell, opts, ranks=ranks, debug_ranks=debug_ranks, raw=raw[-1] if raw else None)
         notes = []

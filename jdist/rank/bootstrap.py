@@ -302,6 +302,7 @@ def _post_cell(result: Any = None) -> None:
 
     error = getattr(result, "error_in_exec", None)
     debug.note_failure(error)  # for %dist debug (a post-mortem)
+    debug.cell_ended()  # a breakpoint()'s pdb still stepping lets go
     s = current()
     if s is not None:
         if s.backend is not None:

@@ -63,7 +63,7 @@ class RankDebugger:
             "columnsStartAt1": True, "supportsVariableType": True}})
         attach = self._send({"command": "attach", "arguments": {
             "justMyCode": False, "stopAllThreadsOnSuspend": False, "steppingResumesAllThreads": False,
-            "rules": [{"path": p, "include": False} for p in _hidden_paths()]}})
+            "rules": [{"path": p, "include": False} for p in hidden_paths()]}})
         self.request({"command": "configurationDone"})
         self._wait(attach)
         debugpy.trace_this_thread(False)  # traced only while a cell with breakpoints runs (:func:`cell`)
@@ -201,7 +201,7 @@ def _hide_threads() -> None:
             _hide(thread)
 
 
-def _hidden_paths() -> list[str]:
+def hidden_paths() -> list[str]:
     """The engine's, jdist's and the standard library's code: never stopped in, stepped over. IPython runs each
     statement of a cell as its own code object, so stepping over a line leaves the cell's frame through
     IPython (and the standard library's ``contextlib``) to the next statement's."""

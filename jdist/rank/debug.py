@@ -146,6 +146,13 @@ def install() -> None:
     pdb.set_trace = _set_trace
 
 
+def cell_ended() -> None:
+    """The cell ended (the rank's post-cell hook, on the main thread): a pdb still stepping lets go of the
+    rank, so the next cells run untraced."""
+    if isinstance(getattr(sys.gettrace(), "__self__", None), RelayPdb):
+        sys.settrace(None)
+
+
 def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
     """``breakpoint()`` on a rank: a pdb relayed to the notebook if this rank is armed, else a note (once
     per cell) that says how to stop here."""
@@ -215,15 +222,40 @@ class _Relay:
 
 
 class RelayPdb(pdb.Pdb):
-    """A pdb on a rank, driven from the notebook (see the module doc)."""
+    """A pdb on a rank, driven from the notebook (see the module doc). It stops only in the user's code:
+    never in the engine's machinery (IPython, ipykernel, jdist, the standard library:
+    :func:`jdist.rank.dap.hidden_paths`, as the Debugger panel's), so stepping past a statement of the
+    cell goes on to the next one (IPython runs each as its own code object) and stepping past the last
+    one ends the pause (:func:`cell_ended` then lets go of the rank)."""
 
     def __init__(self) -> None:
+        from .dap import hidden_paths
+
         relay = _Relay()
         super().__init__(stdin=relay, stdout=relay, nosigint=True, readrc=False)
+        self.hidden = tuple(hidden_paths())
 
     def setup(self, f: Any, tb: Any) -> None:
         super().setup(f, tb)
         _from_the_cell(self)
+
+    def stop_here(self, frame: Any) -> bool:
+        name = frame.f_code.co_filename
+        machinery = name.startswith(self.hidden) or (name.startswith("<") and not name.startswith("<ipython-input"))
+        return not machinery and super().stop_here(frame)  # ("<frozen importlib...>", the engine's "<string>")
+
+    def user_call(self, frame: Any, argument_list: Any) -> None:
+        if frame.f_code.co_name == "<module>":  # the next statement of the cell begins: stop at its line, no --Call--
+            return
+        super().user_call(frame, argument_list)
+
+    def user_return(self, frame: Any, return_value: Any) -> None:
+        if frame.f_code.co_name == "<module>":
+            # a statement of the cell ended: no "--Return--" stop (pdb would write its __return__ into the
+            # cell's namespace, and every later stop would show a stale "->None"); on to the next statement
+            self.set_step()
+            return
+        super().user_return(frame, return_value)
 
     def _cmdloop(self) -> None:
         # pdb's own loop catches KeyboardInterrupt and prompts again; here the interrupt (the kernel's

@@ -80,6 +80,25 @@ def to_panel(rank: int, value: Any) -> Any:
     return walk(value)
 
 
+def user_frames(body: dict[str, Any]) -> dict[str, Any]:
+    """A ``stackTrace`` answer without the engine's start-up frame (the code its process began with, which
+    debugpy names ``<string>``): under the cell it is no frame of the user's.
+
+    >>> body = {"stackFrames": [{"id": 1, "name": "<module>", "source": {"path": "/tmp/ipykernel_1/2.py"}},
+    ...                         {"id": 2, "name": "<module>", "source": {"path": "<string>"}}], "totalFrames": 2}
+    >>> [f["id"] for f in user_frames(body)["stackFrames"]], user_frames(body)["totalFrames"]
+    ([1], 1)
+    """
+    frames = body.get("stackFrames") or []
+    kept = [f for f in frames if "<string>" not in ((f.get("source") or {}).get("path"),
+                                                      (f.get("source") or {}).get("name"))]
+    if len(kept) == len(frames):
+        return body
+    total = body.get("totalFrames")
+    return {**body, "stackFrames": kept,
+            **({"totalFrames": total - (len(frames) - len(kept))} if isinstance(total, int) else {})}
+
+
 def rank_of(arguments: dict[str, Any]) -> int | None:
     """The rank whose ids a request's arguments carry (None: the kernel's own).
 
@@ -207,6 +226,8 @@ class DapBridge:
                 "frameId": request["arguments"].get("frameId"), "context": "clipboard"}}
         answer = await self._ask(rank, request)
         reply = {**to_panel(rank, answer), "request_seq": message.get("seq"), "command": command}
+        if command == "stackTrace" and answer.get("success") and isinstance(reply.get("body"), dict):
+            reply["body"] = user_frames(reply["body"])
         if command == "richInspectVariables":
             data, metadata = ({}, {})
             if answer.get("success"):

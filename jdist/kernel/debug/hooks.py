@@ -57,8 +57,9 @@ class PdbHook:
         if rank not in sup.paused:
             sup.pause(rank, True)
             sup.say_paused(rank, "at breakpoint()", "c continues, q stops the cell on this rank")
-        if text.strip():
-            print(text.rstrip("\n"))
+        if text.strip():  # several ranks in pdb: each answer labelled, as their prompts are
+            lines = text.rstrip("\n").splitlines()
+            print("\n".join(f"[rank {rank}] {line}" for line in lines) if len(self.ranks) > 1 else "\n".join(lines))
         try:
             line = (self.ask or builtins.input)(f"(Pdb r{rank}) ")
         except (EOFError, NotImplementedError):  # no input box (a frontend without stdin)

@@ -13,7 +13,9 @@ live here:
 * a hang with no other failure is a hang (its released ranks are not failures);
 * a death (a rank process ended) outranks everything but a user's interrupt;
 * a rank that raised ``SystemExit`` (``sys.exit``, ``exit()``, argparse) exited: with code 0 it
-  finished (the outcome lists it in ``exited``), with another code it failed with that code.
+  finished (the outcome lists it in ``exited``), with another code it failed with that code;
+* a rank that raised pdb's ``BdbQuit`` was stopped by the user (``q`` at a ``breakpoint()``): the cell
+  was interrupted there, not failed (the outcome lists it in ``quit``).
 
 Example:
     >>> from jdist.errors import RankFailure
@@ -67,6 +69,7 @@ class Outcome:
     first_failed: int | None  # the failure that completed first
     error: str | None  # one line for the run log and the dashboard
     exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code, for ranks that raised SystemExit
+    quit: list[int] = field(default_factory=list)  # ranks where the user quit pdb (q at a breakpoint())
 
     @property
     def interrupted(self) -> bool:
@@ -84,16 +87,21 @@ def classify(obs: Observations) -> Outcome:
     >>> classify(Observations(ranks=[0, 1], interrupted=True, failures={
     ...     r: RankFailure(r, "KeyboardInterrupt", "") for r in (0, 1)})).status
     <CellStatus.INTERRUPTED: 'interrupted'>
+    >>> out = classify(Observations(ranks=[0, 1], released=[0], failures={
+    ...     1: RankFailure(1, "BdbQuit", "", completed=1.0), 0: RankFailure(0, "KeyboardInterrupt", "")}))
+    >>> out.status, out.quit, out.failed
+    (<CellStatus.INTERRUPTED: 'interrupted'>, [1], {})
     """
     exited = {r: code for r, e in obs.failures.items() if (code := e.exit_code) is not None}
     failed = {r: e for r, e in obs.failures.items() if e.exit_code != 0}
     released = {r for r in obs.released if r in failed}
     origin = {r: e for r, e in failed.items() if r not in released}
-    user_interrupt = obs.interrupted or (
+    quit = sorted(r for r, e in failed.items() if e.ename == "BdbQuit")
+    user_interrupt = obs.interrupted or bool(quit) or (
         bool(failed) and not obs.released and all(e.ename == "KeyboardInterrupt" for e in failed.values())
     )
-    if user_interrupt:  # what the interrupt itself raised is no failure
-        report = {r: e for r, e in origin.items() if e.ename != "KeyboardInterrupt"}
+    if user_interrupt:  # what the interrupt (or pdb's quit) itself raised is no failure
+        report = {r: e for r, e in origin.items() if e.ename not in ("KeyboardInterrupt", "BdbQuit")}
     elif origin:
         report = origin
     elif obs.hang is not None:
@@ -119,4 +127,4 @@ def classify(obs: Observations) -> Outcome:
         error = f"rank {first}: {report[first].summary}"
     else:
         error = None
-    return Outcome(status, report, first, error, exited)
+    return Outcome(status, report, first, error, exited, quit)

@@ -7,11 +7,10 @@ lines of :func:`fault_notes` (ranks released, the process group re-created, rank
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from jdist.errors import DEAD_HINT, HangError, RankDied, RankError, RankFailure
+from jdist.errors import DEAD_HINT, CellInterrupt, HangError, RankDied, RankError, RankFailure
 from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
 
@@ -66,8 +65,10 @@ def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
     where = rep.get("released_from", {})
     if obs.released:
         first = result.outcome.first_failed
+        quit = result.outcome.quit
         why = "of the hang" if obs.hang is not None else (
-            f"rank {first} failed" if first is not None else "of the interrupt")
+            f"rank {first} failed" if first is not None else
+            f"of pdb's q on {rank_ranges(quit)}" if quit else "of the interrupt")
         alike: dict[str, list[int]] = {}  # at 32 ranks, one line per place rather than one per rank
         for r in obs.released:
             how = (f"waiting in {where[r]}" if r in where else "still running: below" if r in obs.stuck
@@ -155,10 +156,14 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
         raise HangError(*lines, *extra)
     if result.interrupted:
-        msg = "Interrupted: every rank received SIGINT"
-        msg += "." if obs.stuck else " and stopped; variables on the ranks are kept."
-        print("\n".join([msg, *extra]), file=sys.stderr)
-        raise KeyboardInterrupt(msg)
+        quit = result.outcome.quit
+        if quit:
+            msg = (f"Stopped: pdb's q on {rank_ranges(quit)} ended the cell there"
+                   + (" (the other ranks were released)" if obs.released else "") + "; variables on the ranks are kept.")
+        else:
+            msg = "Interrupted: every rank received SIGINT"
+            msg += "." if obs.stuck else " and stopped; variables on the ranks are kept."
+        raise CellInterrupt(msg, *extra)
     if result.failed:
         assert result.outcome.first_failed is not None
         released = [r for r in obs.released if r not in result.failed]
