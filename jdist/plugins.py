@@ -106,6 +106,8 @@ class BackendSpec:
     of ``per_trial`` ranks for its trials (and form again over the world after the sweep). ``releases``: a rank
     blocked in one of its collectives can be released (torch's groups: the rank's guard breaks their
     sockets); without it, a rank that does not stop after a release is restarted with the others.
+    ``keeps_groups``: path fragments of the library code whose ``new_group`` calls make groups it keeps for
+    later (DeepSpeed's, reused by its next engine): a release leaves those alone, whichever backend runs.
     """
 
     name: str
@@ -123,6 +125,7 @@ class BackendSpec:
     hints: tuple[tuple[str, str], ...] = ()
     slots: bool = False
     releases: bool = True
+    keeps_groups: tuple[str, ...] = ()
 
     def hints_for(self, errors: Iterable[str]) -> list[str]:
         """The hint lines for these ``ename: evalue`` lines, each once, in the order of :attr:`hints`.
@@ -247,7 +250,7 @@ def check_deepspeed(config: ClusterConfig) -> None:
 DEEPSPEED = BackendSpec("deepspeed", "jdist.rank.backends.deepspeed:DeepSpeedBackend", requires=("deepspeed",),
                         install_hint=DEEPSPEED_INSTALL_HINT, backward_waits=True,
                         collective_paths=(*COLLECTIVE_PATHS, "/deepspeed/comm/", "/deepspeed/runtime/zero/"),
-                        options=(ZERO, OFFLOAD), check=check_deepspeed,
+                        options=(ZERO, OFFLOAD), check=check_deepspeed, keeps_groups=("/deepspeed/",),
                         help="DeepSpeed ZeRO engines (stage 1/2/3, optional offload) on jdist's process group")
 
 

@@ -55,9 +55,17 @@ def _group_works(k) -> None:
     assert out.stdout.strip() == "2 100"
 
 
+def _no_logging_errors(*outs) -> None:
+    """No rank's engine failed to write its own log: mpiexec.gforker closes a rank's output pipe at its
+    first non-ASCII byte, and the released rank's engine logs gloo's error, which ends in an emoji."""
+    for out in outs:
+        text = out.stdout + out.stderr + out.traceback
+        assert not [line for line in text.splitlines() if "Logging error" in line or "BrokenPipeError" in line], text
+
+
 def test_exception_on_one_rank_releases_the_others(faults):
     out = faults.run(
-        "%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\ndist.all_reduce(torch.ones(1))",
+        "%%distributed --output all\nif rank == 1:\n    raise ValueError('bad shard')\ndist.all_reduce(torch.ones(1))",
         allow_error=True, timeout=100,
     )
     tb = out.traceback
@@ -67,6 +75,8 @@ def test_exception_on_one_rank_releases_the_others(faults):
     assert "process group was re-created on all ranks; variables on the ranks are kept" in tb
     assert "DDP model(s) model now use the new group" in tb
     _group_works(faults)  # the next cell works without any restart
+    later = [faults.run("%%distributed --output all\nprint(kept)") for _ in range(2)]
+    _no_logging_errors(out, *later)
 
 
 def test_failure_outside_a_collective_stops_the_others_too(faults):
@@ -146,7 +156,7 @@ def test_interrupt_releases_ranks_blocked_in_a_collective(faults):
     faults.km.interrupt_kernel()
     out = faults.collect(msg_id, timeout=100)
     assert out.error["ename"] == "KeyboardInterrupt"
-    assert "variables on the ranks are kept" in out.stderr and "re-created" in out.stderr
+    assert "variables on the ranks are kept" in out.shown and "re-created" in out.shown
     faults.run("%dist pull counter")
     assert faults.value("counter")[1] > 10
     _group_works(faults)

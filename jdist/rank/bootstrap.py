@@ -2,7 +2,7 @@
 
 :func:`setup` (called by the kernel on every engine at once, ``RankCall("setup")``) reads the
 MPI world (:func:`mpi_world`), chooses the process group's address when the ranks span hosts
-(:func:`rendezvous_address`, :func:`socket_interface`), pins the device (:func:`pin_device`),
+(:func:`rendezvous_address`, :func:`socket_interface`), pins the device (the backend's ``pin_device``),
 installs the guard (:func:`install_guard`), sets up the backend and the session
 (:func:`start_session`), applies the rank-side options (:func:`apply_options`: the same code a
 live change runs) and opens the cell namespace (:func:`open_namespace`). What happens to the
@@ -24,7 +24,6 @@ from typing import Any, Callable
 from jdist.protocol import NetworkPlan, RankInfo, SetupConfig
 
 from . import process
-from .backends.base import PlainDevice
 from .namespace import install_exit
 from .session import RankSession, activate, describe_rank
 
@@ -52,8 +51,8 @@ def setup(config: SetupConfig) -> RankInfo:
     if master_addr != "127.0.0.1":
         socket_interface(master_addr, network.get("iface") if network else None, world)
     spec = backend_spec(config["backend"])
-    device = pin_device(world, bool(config.get("gpus"))) if spec.framework == "torch" else PlainDevice()
     backend_cls = spec.load()
+    device = backend_cls.pin_device(world, bool(config.get("gpus")))
     own = {o.name for o in spec.options} | set(backend_cls.own_rank_options)
     options = config.get("options") or {}
     data_pub = _data_pub()
@@ -123,22 +122,6 @@ def socket_interface(master_addr: str, iface: str | None, world: World) -> str:
     return name
 
 
-def pin_device(world: World, gpus: bool) -> Any:
-    """``cuda:<local rank>`` with ``--gpus`` (an error naming the fix if this host has too few), else the CPU."""
-    import torch
-
-    if not gpus:
-        return torch.device("cpu")
-    visible = torch.cuda.device_count()
-    if world.local_rank >= visible:
-        raise RuntimeError(
-            f"rank {world.rank} on {world.hostname} is local rank {world.local_rank} but only {visible} CUDA "
-            f"device(s) are visible there; ask for fewer --gpus, or use -n {world.size} for CPU ranks."
-        )
-    torch.cuda.set_device(world.local_rank)
-    return torch.device("cuda", world.local_rank)
-
-
 def _data_pub() -> Any:
     """The engine's IOPub data publisher (None outside an engine)."""
     from IPython import get_ipython
@@ -186,8 +169,8 @@ def sample_sender(data_pub: Any, rank: int) -> Callable[[str], None] | None:
 def start_session(world: World, device: Any, master_addr: str, spec: Any, guard: Any, data_pub: Any,
                   config: SetupConfig, backend_options: dict[str, Any], backend: Any) -> RankSession:
     """The backend's group and this rank's :class:`RankSession` (made current, its publisher
-    running), with the torchrun environment on torch ranks (:mod:`jdist.rank.torchrun`)."""
-    from . import torchrun
+    running), with the environment the backend's framework expects (``Backend.environment``: torchrun's on
+    torch ranks, :mod:`jdist.rank.torchrun`)."""
     from .backends.base import RankContext
     from .channel import DataPubChannel, NullChannel
 
@@ -201,8 +184,7 @@ def start_session(world: World, device: Any, master_addr: str, spec: Any, guard:
                     channel=DataPubChannel(data_pub) if data_pub is not None else NullChannel(), guard=guard,
                     comm_timed=backend.times_comm)
     backend.setup(ctx, s.timer)
-    if spec.framework == "torch":
-        torchrun.install(ctx, config.get("cluster_id") or "jdist")
+    backend.environment(ctx, config.get("cluster_id") or "jdist")
     previous = activate(s)
     if previous is not None:
         previous.stop_publisher()

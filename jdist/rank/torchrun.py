@@ -177,18 +177,22 @@ def _patch() -> None:
 def new_group(*args: Any, **kwargs: Any) -> Any:
     """``torch.distributed.new_group`` on a jdist rank: torch's, and the sockets the group opens are noted by
     the rank's guard, so an interrupt or a hang releases a collective waiting in it too (the user's groups,
-    ``new_subgroups``). Not DeepSpeed's: it keeps its groups for the next engine, which then hung in its first
-    broadcast on a released one (docs/reliability.md, Limits)."""
+    ``new_subgroups``). Not those of a library that keeps its groups for later (a backend spec's
+    ``keeps_groups``: DeepSpeed's next engine hung in its first broadcast on a released one;
+    docs/reliability.md, Limits)."""
     import torch.distributed.distributed_c10d as c10d
+
+    from jdist.plugins import backend_specs
 
     from .guard import socket_fds
     from .session import current
 
-    caller = sys._getframe(1).f_code.co_filename
+    caller = sys._getframe(1).f_code.co_filename.replace(os.sep, "/")
     before = socket_fds()
     group = _REAL.get("new_group", c10d.new_group)(*args, **kwargs)
     s = current()
-    if s is not None and s.guard is not None and f"{os.sep}deepspeed{os.sep}" not in caller:
+    kept = any(part in caller for spec in backend_specs().values() for part in spec.keeps_groups)
+    if s is not None and s.guard is not None and not kept:
         s.guard.note_group_sockets(before, more=True)
     return group
 

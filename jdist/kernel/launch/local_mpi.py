@@ -120,7 +120,7 @@ class LocalMPILauncher(RankLauncher):
         mpiexec_path()
 
     def engine_launcher_class(self) -> type:
-        return engine_set_launcher()
+        return local_engine_set_launcher()
 
     def configure(self, ipp_config: Any) -> None:
         # the engines read the controller's connection file from the (local) profile directory, so

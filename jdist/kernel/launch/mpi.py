@@ -75,9 +75,10 @@ def mpiexec_path() -> str:
 def engine_set_launcher() -> type:
     """ipyparallel's MPI engine launcher, reading mpiexec's output leniently.
 
-    The ranks share one output file; gforker may split a multi-byte character between
-    two writes (gloo's error text ends in an emoji), and ipyparallel's strict UTF-8 read
-    would then fail inside its stop callback.
+    The ranks share one output file, in which a rank killed mid-write, or gforker (which
+    cuts a rank's output at its first non-ASCII byte: :mod:`jdist.kernel.launch.local_mpi`),
+    can leave a partial multi-byte character (gloo's error text ends in an emoji), and
+    ipyparallel's strict UTF-8 read would then fail inside its stop callback.
     """
     from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 

@@ -286,6 +286,17 @@ class Backend(ABC):
     #: Set by :meth:`setup`.
     ctx: RankContext | None = None
 
+    @classmethod
+    def pin_device(cls, world: Any, gpus: bool) -> Any:
+        """The device this rank computes on, chosen before the backend is set up (``world``: the rank's
+        ``rank``, ``local_rank``, ``size`` and ``hostname``). Default: :class:`PlainDevice` (a framework of its
+        own places its work); :class:`~jdist.rank.backends.TorchBackend` pins ``cuda:<local rank>`` with ``--gpus``."""
+        return PlainDevice()
+
+    def environment(self, ctx: RankContext, cluster_id: str) -> None:
+        """After :meth:`setup`: the process environment that code written for the framework expects (default:
+        none; torch's backends: torchrun's, :mod:`jdist.rank.torchrun`)."""
+
     @abstractmethod
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
         """Create the communication group on this rank.

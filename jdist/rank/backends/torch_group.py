@@ -23,10 +23,33 @@ class TorchBackend(Backend):
         self.ctx: RankContext | None = None
         self.timer: CommTimer | None = None
 
+    @classmethod
+    def pin_device(cls, world: Any, gpus: bool) -> Any:
+        """``cuda:<local rank>`` with ``--gpus`` (an error naming the fix if this host has too few), else the CPU."""
+        import torch
+
+        if not gpus:
+            return torch.device("cpu")
+        visible = torch.cuda.device_count()
+        if world.local_rank >= visible:
+            raise RuntimeError(
+                f"rank {world.rank} on {world.hostname} is local rank {world.local_rank} but only {visible} CUDA "
+                f"device(s) are visible there; ask for fewer --gpus, or use -n {world.size} for CPU ranks."
+            )
+        torch.cuda.set_device(world.local_rank)
+        return torch.device("cuda", world.local_rank)
+
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
         self.ctx = ctx
         self.timer = timer
         init_process_group(ctx)
+
+    def environment(self, ctx: RankContext, cluster_id: str) -> None:
+        """torchrun's environment (``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``...) and torch.distributed's calls made
+        for scripts written for torchrun (:mod:`jdist.rank.torchrun`)."""
+        from ..torchrun import install
+
+        install(ctx, cluster_id)
 
     def require_ctx(self) -> RankContext:
         if self.ctx is None:
