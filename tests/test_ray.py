@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cluster
 def train_func(config):
     import time
 
+    began = time.time()  # the worker's step clock starts here (jdist.raybridge.in_session)
     import ray.train
     import torch
 
@@ -33,12 +34,12 @@ def train_func(config):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        jdist.log(step=step, loss=loss.item())
+        jdist.log(step=step, loss=loss.item(), began=began)
         time.sleep(config["sleep"])
         if config.get("fail_at") == step and rank == 1:
             raise ValueError("bad batch on rank 1")
         if step % 10 == 9:  # reports go on while the run is interrupted (a checkpoint in the result: notebook 12)
-            ray.train.report({"reported": float(step), "step": step})
+            ray.train.report({"reported": float(step), "step": step, "epoch": step // 10})
 
 
 #: The notebook that runs a Ray Train run to its end; it comes right after this module
@@ -89,16 +90,16 @@ def trainer(storage, **config):
 
 
 class Probe:
-    """A record sink noting when records of each rank reached the kernel's sinks."""
+    """A record sink noting when records of each rank (and of which cell) reached the kernel's sinks."""
 
     def __init__(self):
-        self.seen: list[tuple[float, int]] = []
+        self.seen: list[tuple[float, int, int]] = []
 
     def start(self, run):
         pass
 
     def add(self, records):
-        self.seen += [(time.time(), r["rank"]) for r in records]
+        self.seen += [(time.time(), r["rank"], r["cell"]) for r in records]
 
     def tick(self):
         pass
@@ -120,31 +121,42 @@ def test_a_failing_worker_is_a_rank_error_and_the_run_failed(local_ray):
     import jdist.ray
     from jdist.errors import RankError
 
+    failing = trainer(local_ray, fail_at=5)
+    started = time.time()
     with pytest.raises(RankError) as info:
-        jdist.ray.fit(trainer(local_ray, fail_at=5))
+        jdist.ray.fit(failing)
     err = info.value
     assert err.first == 1 and set(err.failed) == {1}
     assert err.headline.endswith("first failure on rank 1: ValueError: bad batch on rank 1"), err.headline
-    assert any("bad batch on rank 1" in line for line in err.failed[1].traceback)
+    # the worker's traceback (Ray Train's text of it), from the user's frame on: without Ray's or jdist's
+    tb = err.failed[1].traceback
+    assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: bad batch on rank 1", tb
+    assert tb[1].endswith(", in train_func") and not any("raybridge" in line for line in tb), tb
+    assert '    raise ValueError("bad batch on rank 1")' in err._render_traceback_()  # as the notebook shows it
     run = jdist.last_run()
     assert run.status == "failed" and "bad batch" in run.error
     assert set(run.history["rank"]) == {0, 1}
+    # the run is the fit's: it starts with it, not with its first record (after Ray's start: 20 s and more)
+    assert started <= run.started < started + 1
 
 
 def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkeypatch):
-    """The run streams while it trains (both workers' records on the sinks before the interrupt), and
-    an interrupt aborts it. The whole successful run (reports per worker at their steps, the
-    checkpoint in Ray's result, the run log) is notebooks/12-ray-train.ipynb's, run by make test."""
+    """The run streams while it trains (both workers' records and reports on the sinks before the
+    interrupt), and an interrupt aborts it. The whole successful run (reports per worker at their
+    steps, the checkpoint in Ray's result, the run log) is notebooks/12-ray-train.ipynb's, run by make test."""
     import jdist
     import jdist.ray
     from jdist.metrics import read_run
+    from jdist.raybridge import REPORT_CELL
 
     def interrupt_once_both_train():
         deadline = time.time() + 120
         while time.time() < deadline:
             last = jdist.last_run()
-            ranks = {rank for _, rank in list(probe.seen)}  # the sink's list, appended on the main thread
-            if last is not None and last.status == "running" and ranks == {0, 1}:
+            seen_now = list(probe.seen)  # the sink's list, appended on the main thread
+            ranks = {rank for _, rank, _ in seen_now}
+            reported = {rank for _, rank, cell in seen_now if cell == REPORT_CELL}
+            if last is not None and last.status == "running" and ranks == reported == {0, 1}:
                 seen.update(ranks)
                 os.kill(os.getpid(), signal.SIGINT)
                 return
@@ -162,6 +174,13 @@ def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkey
     assert run is not before and run.status == "interrupted"
     h = run.history
     assert h.step_time_s.notna().any() and h.mem_bytes.notna().all()  # the automatic metrics came too
+    # step 0's step time counts from the training function's start (what the dashboard leaves out as set-up),
+    # not from Ray's set-up of the worker group before it (0.4-0.6 s more on 2 cores)
+    first = h[h.step == 0]
+    assert len(first) == 2 and ((first.began - (first.time - first.step_time_s)).abs() < 0.05).all(), first
+    # the reports (at steps 9, 19...) are no worker's first record; the epoch they name is a field
+    reports = h.dropna(subset=["reported"])
+    assert run.first_steps() == {0: 0, 1: 0} and len(reports) and (reports.epoch == reports.step // 10).all()
     assert not run.has("comm_time_s")  # Ray's process group is not jdist's: nothing times its communication
     assert read_run(run.path).count() == run.count()  # the run log, as the sidebar reads it
     assert time.time() - started < 120

@@ -9,7 +9,7 @@ to ``ray.train.report``. The run goes to the kernel's runs (``jdist.last_run()``
 the JupyterLab sidebar, as a ``%%distributed`` cell's does.
 
 - A worker that raises: :class:`jdist.errors.RankError` (each failed worker, the first one's
-  traceback), the run marked failed.
+  traceback as Ray Train sends it: beyond 1000 characters, its first and last 500), the run marked failed.
 - Interrupt (the kernel's stop button, Ctrl-C): the run is aborted through Ray Train's controller,
   marked interrupted, and ``KeyboardInterrupt`` raised once the workers are gone.
 - ``ray.train.report`` blocks each worker until the controller polls it: Ray's default poll
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import sys
 import threading
 import time
 from typing import Any
 
 from jdist.codec import decode_data
-from jdist.errors import RankError, RankFailure, need
+from jdist.errors import RankError, RankFailure, first_failure, need
 from jdist.metrics import Run, new_run_id
 from jdist.options import Frontend
 from jdist.plugins import option_table
@@ -76,6 +77,7 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     already initialized, else a local one (``ray.init`` without Ray's own dashboard). ``cell_options``:
     those of ``%%distributed`` by name: ``no_dashboard=True``, ``run_dir=``, ``tensorboard=``, ``mlflow=``.
     """
+    started = time.time()  # the run's start: Ray's own start and its workers' are part of the fit
     table = option_table()
     taken = [o.name for o in table.honoured(RAY)]
     unknown = sorted(set(cell_options) - {o.name for o in (*table.cluster, *table.cell)})
@@ -89,7 +91,7 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     ray = need("ray", "jdist.ray", "ray")
     from ray.util.queue import Queue
 
-    from jdist.raybridge import Reports, WorkerHooks
+    from jdist.raybridge import Reports, WorkerHooks, in_session
 
     os.environ.setdefault(HEALTH_CHECK_VAR, HEALTH_CHECK_S)  # read by the controller when fit starts
     if not ray.is_initialized():
@@ -101,12 +103,14 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     queue = Queue(actor_options={"num_cpus": 0})
     config = trainer.run_config
     before = config.callbacks
-    config.callbacks = [*(before or []), WorkerHooks(queue), Reports(queue)]
     code = _code_of(trainer)
+    train_loop = trainer.train_loop_per_worker
+    config.callbacks = [*(before or []), WorkerHooks(queue), Reports(queue)]
+    trainer.train_loop_per_worker = in_session(train_loop, queue)
 
-    def make_run() -> Run:
+    def make_run() -> Run:  # called with the first record
         return Run(run_id=run_id, world_size=world, backend="ray", device_kind="cuda" if scaling.use_gpu else "cpu",
-                   code=code)
+                   code=code, started=started)
 
     collector = RecordCollector(None, code, lambda run: default_sinks(run, opts), make_run=make_run)
     driver = _Driver(trainer, queue, collector, world)
@@ -114,6 +118,7 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
         return driver.run()
     finally:
         config.callbacks = before
+        trainer.train_loop_per_worker = train_loop
         try:
             ray.kill(queue.actor)
         except Exception:
@@ -209,18 +214,57 @@ class _Driver:
         self.collector.flush()
 
 
+#: How Ray Train writes each failed worker's error into a ``WorkerGroupError``'s message (the errors it
+#: keeps per worker have no traceback): per group of workers whose errors differ only in numbers,
+#: ``[Rank 0,1 Error Snippet]:`` and then the first one's traceback, beyond 1000 characters its first and
+#: last 500 (``ray/train/v2/_internal/execution/worker_group/poll.py``, Ray 2.60).
+SNIPPET = re.compile(r"^\[Rank (\d+)[\d,]* Error Snippet\]:\n", re.M)
+#: A frame of :func:`jdist.raybridge.in_session`, between Ray's and the user's in every worker's traceback.
+WRAPPER_FRAME = re.compile(r'^  File ".*raybridge\.py", line \d+, in jdist_train_loop$')
+
+
 def _rank_error(error: BaseException, world: int) -> RankError | None:
     """Ray Train's ``WorkerGroupError`` as jdist's :class:`RankError` (None: another error)."""
     failures = getattr(error, "worker_failures", None)
     if not failures:
         return None
+    tracebacks = _tracebacks(str(error))
     failed = {}
     for rank, exc in failures.items():
         cause = getattr(exc, "cause", None) or exc  # Ray's wrapper of the worker's own exception
         lines = str(cause).strip().splitlines()
         failed[int(rank)] = RankFailure(int(rank), type(cause).__name__, lines[-1] if lines else "",
-                                        tuple(str(exc).splitlines()))
-    return RankError(failed, world, min(failed))
+                                        tracebacks.get(int(rank)) or tuple(str(exc).splitlines()))
+    return RankError(failed, world, first_failure(failed))  # (Ray gives no completion times: the lowest rank)
+
+
+def _tracebacks(message: str) -> dict[int, tuple[str, ...]]:
+    """The tracebacks in a ``WorkerGroupError``'s message, by the rank whose they are (:data:`SNIPPET`),
+    without jdist's frame.
+
+    >>> tb = ('Traceback (most recent call last):\\n  File "/x/jdist/raybridge.py", line 9, in jdist_train_loop\\n'
+    ...       '    return train_loop(*config)\\n           ^^^^^^^^^^^^^^^^^^^\\n'
+    ...       '  File "/y/train.py", line 3, in train_func\\n    1 / 0\\nZeroDivisionError: division by zero\\n')
+    >>> for line in _tracebacks("Training failed due to worker errors:\\n[Rank 1,3 Error Snippet]:\\n" + tb)[1]:
+    ...     print(line)
+    Traceback (most recent call last):
+      File "/y/train.py", line 3, in train_func
+        1 / 0
+    ZeroDivisionError: division by zero
+    """
+    parts = SNIPPET.split(message)
+    out = {}
+    for rank, text in zip(parts[1::2], parts[2::2]):
+        lines, ours = [], False
+        for line in text.rstrip("\n").splitlines():
+            if line.startswith("  File "):
+                ours = WRAPPER_FRAME.match(line) is not None
+            elif not line.startswith("    "):
+                ours = False
+            if not ours:
+                lines.append(line)
+        out[int(rank)] = tuple(lines)
+    return out
 
 
 def _code_of(trainer: Any) -> str:

@@ -1,10 +1,11 @@
 """A Ray Train worker's jdist session (for ``jdist.ray.fit``, :mod:`jdist.raybridge`).
 
-Opened by Ray Train once the worker's train context exists, before ``train_func`` runs: rank,
+Opened on ``train_func``'s first line (:func:`jdist.raybridge.in_session`): rank,
 world size and local rank come from ``ray.train.get_context()``; the records of ``jdist.log``
 (and the automatic metrics: step time, memory) travel to the kernel through the run's Ray queue,
-sent by the session's publisher thread every 0.25 s. Closed before the worker shuts down: the
-last records and their count go out then. No process group of jdist's: Ray Train makes its own, so
+sent by the session's publisher thread every 0.25 s. Closed when ``train_func`` returns or raises
+(or, if the worker stops inside it, before the worker shuts down): the last records and their
+count go out then. No process group of jdist's: Ray Train makes its own, so
 step time has no communication split.
 """
 
