@@ -218,7 +218,7 @@ FSDP = BackendSpec("fsdp", "jdist.rank.backends.fsdp:FSDPBackend", slots=True,
 HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", requires=("horovod",),
                       install_hint=HOROVOD_INSTALL_HINT,
                       collective_paths=(*COLLECTIVE_PATHS, "/horovod/torch/mpi_ops.py", "/horovod/common/"),
-                      spins=True,
+                      spins=True, releases=False,  # its collectives run over MPI: no socket of a group to break
                       help="Horovod DistributedOptimizer over the ranks' MPI world")
 
 

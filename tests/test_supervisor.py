@@ -135,38 +135,10 @@ def test_records_beyond_what_ranks_keep_are_reported_lost(cluster_kernel):
         cluster_kernel.run("%%distributed\ndel _stream.keep_first, _stream.keep_last")
 
 
-def test_error_on_one_rank_names_the_rank_once(cluster_kernel):
-    out = cluster_kernel.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\nok = True", allow_error=True)
-    assert out.error["ename"] == "RankError"
-    tb = out.traceback
-    assert "1 of 2 rank(s) failed (rank 1)" in tb
-    assert "Traceback from rank 1" in tb and tb.count("ValueError: bad shard") <= 2
-    assert "raise ValueError('bad shard')" in tb
-    # the cluster is still usable, and rank 0 completed the cell
-    out = cluster_kernel.run("%%distributed --targets 0\nprint(ok)")
-    assert out.stdout.strip() == "True"
-
-
 def test_syntax_error_reported_once_and_not_sent(cluster_kernel):
     out = cluster_kernel.run("%%distributed\nfor x in :\n    pass", allow_error=True)
     assert out.error is not None
     assert "not sent to the ranks" in out.traceback and out.traceback.count("SyntaxError") == 1
-
-
-def test_interrupt_reaches_every_rank_and_keeps_state(cluster_kernel):
-    cluster_kernel.run("%%distributed\nkept = rank + 100\ncounter = 0")
-    msg_id = cluster_kernel.start("%%distributed\nimport time\nwhile True:\n    counter += 1\n"
-                                  "    if counter == 20: print('looping', flush=True)\n    time.sleep(0.01)")
-    cluster_kernel.wait_for_stdout(msg_id, "looping")
-    cluster_kernel.km.interrupt_kernel()
-    out = cluster_kernel.collect(msg_id, timeout=60)
-    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
-    assert "variables on the ranks are kept" in out.shown
-    assert "magics.py" not in out.shown and "report.py" not in out.shown, out.shown  # no frame of jdist's own
-    cluster_kernel.run("%dist pull kept")
-    assert cluster_kernel.value("kept") == [100, 101]
-    cluster_kernel.run("%dist pull counter")
-    assert all(c > 10 for c in cluster_kernel.value("counter"))
 
 
 def test_rank_death_is_reported_and_restart_recovers(cluster_kernel):

@@ -3,6 +3,7 @@ kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups), one cluster for 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ def fatal(trial):
 """
 
 OBJECTIVES = """%%distributed -n 4 --backend ddp --timeout 20
-import time, optuna, torch, torch.nn as nn, torch.distributed as dist
+import os, time, optuna, torch, torch.nn as nn, torch.distributed as dist
+from optuna_integration import TorchDistributedTrial   # before any sweep: its module has no __spec__ from here on
 before = jdist.prepare(nn.Linear(4, 1))        # prepared in the world group, before any sweep
 pruned_at = {}
 
@@ -82,6 +84,21 @@ def slow(trial):
     for _ in range(10):
         time.sleep(0.05)
     return x
+
+marks = None  # a folder: stubborn leaves a file there as it starts and as it is stopped
+
+def stubborn(trial):
+    # slow to stop: it takes the stop (KeyboardInterrupt) and goes on, as code that saves a checkpoint first
+    def mark(what):
+        if marks:
+            open(os.path.join(marks, f"{trial.number}-{rank}-{what}"), "w").close()
+    mark("started")
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        mark("stopped")
+        time.sleep(60)
 """
 
 
@@ -94,6 +111,14 @@ def tk(kernel: KernelSession) -> KernelSession:
 
 def _states(tk: KernelSession, expr: str = "study") -> dict[int, str]:
     return {n: s for n, s in tk.value(f"[(t.number, t.state.name) for t in {expr}.trials]")}
+
+
+def test_without_a_cluster_tune_says_how_to_start_one(kernel):
+    # first in the module: its cluster starts with the next test
+    out = kernel.run("jdist.tune('objective', trials=2)", allow_error=True)
+    assert out.error["ename"] == "UsageError", out.shown
+    assert out.shown == ("UsageError: jdist.tune runs trials on a running cluster: start one with a %%distributed "
+                         "cell first (e.g. %%distributed -n 4 defining the objective).")
 
 
 def test_each_slot_is_the_default_group_and_the_world_comes_back(tk):
@@ -113,8 +138,11 @@ def test_each_slot_is_the_default_group_and_the_world_comes_back(tk):
     out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\n"
                  "before(torch.ones(2, 4)).sum().backward()\nprint(dist.get_world_size(), float(t))")
     assert out.stdout.strip() == "4 4.0"
-    df = tk.value("jdist.last_sweep()[['number', 'state', 'slot']].values.tolist()")
-    assert {slot for _, _, slot in df} == {0, 1}  # both slots ran trials
+    # the documented columns, also when no trial failed or logged
+    df = tk.value("jdist.last_sweep()[['number', 'state', 'slot', 'ranks', 'error', 'run']].values.tolist()")
+    assert {slot for _, _, slot, *_ in df} == {0, 1}  # both slots ran trials
+    assert {tuple(ranks) for *_, ranks, _, _ in df} == {(0, 1), (2, 3)}
+    assert [error for *_, error, _ in df] == [None] * 6
 
 
 def test_a_pruned_trial_stops_on_both_ranks_of_its_slot_at_the_same_step(tk):
@@ -180,6 +208,32 @@ def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_
     out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(float(t))")
     assert out.stdout.strip() == "4.0"
 
+    # a trial that ignores its stop: after --interrupt-grace (2 s here, not a fixed 15 s) its ranks are named and,
+    # since its slot group cannot be given back, the ranks are restarted; the world group is back afterwards
+    tk.run("%%distributed --interrupt-grace 2\nmarks = None")
+    t0 = time.monotonic()
+    msg = tk.start("jdist.tune('stubborn', trials=1, per_trial=2, trial_timeout=1, name='stuck')")
+    out = tk.wait_for_stdout(msg, "so the ranks are restarted", timeout=60)
+    assert time.monotonic() - t0 < 14, out.stdout  # 1 s, the grace, two stacks (<= 2 s each), the start: not 15 s
+    assert re.search(r"jdist.tune: trial 0 on ranks 0, 1 \(rank 0 running cell line \d+; rank 1 running cell line "
+                     r"\d+\) did not stop within 2 s \(--interrupt-grace\) of being stopped \(timed out after 1 s\): a "
+                     "slot group that a trial still runs in cannot be given back, so the ranks are restarted",
+                     out.stdout)
+    out = tk.collect(msg, timeout=120)
+    assert "Restarted 4 rank(s)" in out.stdout and "Sweep stopped: stuck, 1 fail" in out.stdout, out.stdout
+    assert out.error["ename"] == "SweepStopped" and len(out.traceback.splitlines()) == 1, out.traceback
+    assert "jdist.tune(..., resume=True)" in out.error["evalue"]
+    [(state, error)] = tk.value("[(t.state.name, t.user_attrs['jdist_error']) "
+                                "for t in jdist.kernel.tune._last.study.trials]")
+    assert state == "FAIL" and error.startswith("timed out after 1 s, and it did not stop within 2 s: rank 0 running")
+    sweep = json.loads((Path(tk.value("str(jdist.kernel.tune._last.folder)")) / "sweep.json").read_text())
+    assert sweep["status"] == "stopped"
+    out = tk.run("%%distributed --interrupt-grace 10\nt = torch.ones(1); dist.all_reduce(t)\n"
+                 "print(dist.get_world_size(), float(t))")
+    assert out.stdout.strip() == "4 4.0"  # every rank in the world group again, not in a 2-rank slot
+    out = tk.run("jdist.tune('inside', trials=2, per_trial=2, show=False)")  # and a new sweep forms its slots
+    assert "Sweep done" in out.stdout and "2 complete" in out.stdout, out.stdout
+
 
 def _completed(journal: Path) -> int:
     if not journal.exists():
@@ -192,7 +246,7 @@ def _completed(journal: Path) -> int:
     return sum(t.state.name == "COMPLETE" for t in study.trials)
 
 
-def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, kernel_env):
+def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, kernel_env, tmp_path):
     journal = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps" / "resumable" / "journal.log"
     msg = tk.start("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable')")
     wait_for(lambda: _completed(journal) >= 4, timeout=60, what="4 trials of the sweep completed")
@@ -203,14 +257,45 @@ def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, ke
     assert 4 <= done < 40
     interrupted = tk.value("sum(bool(t.user_attrs.get('jdist_interrupted')) for t in study.trials)")
     assert tk.value("[t.state.name for t in study.trials if t.user_attrs.get('jdist_interrupted')]") == ["FAIL"] * interrupted
+    # a trial left RUNNING in the journal (as by a kernel that died mid-trial) counts as interrupted on resume
+    tk.run("left = study.ask(); jdist.kernel.tune._last.journal.flush()")
     out = tk.run("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable', resume=True)")
     assert "Sweep done" in out.stdout, out.stdout
     assert tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)") == 40
-    assert tk.value("len(study.trials)") == 40 + interrupted
+    assert tk.value("(study.trials[left.number].state.name, study.trials[left.number].user_attrs)") == (
+        "FAIL", {"jdist_error": "interrupted (the sweep stopped)", "jdist_interrupted": True})
+    assert tk.value("len(study.trials)") == 40 + interrupted + 1
     # the journal is Optuna's own: Optuna reads the same study back
     assert tk.value("len(optuna.load_study(study_name='resumable', storage=optuna.storages.JournalStorage("
                     "optuna.storages.journal.JournalFileBackend(str(jdist.kernel.tune.sweeps_dir() / "
-                    "'resumable' / 'journal.log')))).trials)") == 40 + interrupted
+                    "'resumable' / 'journal.log')))).trials)") == 40 + interrupted + 1
+
+    # trials slow to stop: a second Ctrl-C stops waiting at once, names where their ranks are and, since their slot
+    # groups cannot be given back, restarts the ranks; the sweep ends "interrupted" and the next cell runs at once
+    tk.run(f"%%distributed\nmarks = {str(tmp_path)!r}")
+    msg = tk.start("jdist.tune('stubborn', trials=2, per_trial=2, name='stubborn')")
+    wait_for(lambda: len(list(tmp_path.glob("*-started"))) == 4, timeout=60, what="both trials running")
+    tk.km.interrupt_kernel()
+    wait_for(lambda: len(list(tmp_path.glob("*-stopped"))) == 4, timeout=30, what="both trials stopped, not ending")
+    t0 = time.monotonic()
+    tk.km.interrupt_kernel()
+    out = tk.wait_for_stdout(msg, "so the ranks are restarted", timeout=30)
+    assert time.monotonic() - t0 < 10, out.stdout  # not the trials' 60 s: their ranks' stacks (at most 2 s)
+    line = next(line for line in out.stdout.splitlines() if "so the ranks are restarted" in line)
+    for trial, ranks in re.findall(r"trial (\d) on ranks (\d, \d) \(", line):
+        a, b = ranks.split(", ")
+        assert f"trial {trial} on ranks {ranks} (rank {a} running cell line" in line and f"rank {b} running" in line
+    assert sorted(re.findall(r"on ranks (\d, \d)", line)) == ["0, 1", "2, 3"], line
+    assert line.startswith("jdist.tune: stopped waiting (a second interrupt) for trial "), line
+    out = tk.collect(msg, timeout=120)
+    assert out.error is None, out.traceback  # no traceback through jdist
+    assert "Restarted 4 rank(s)" in out.stdout, out.stdout
+    assert "Sweep interrupted: stubborn, 2 interrupted" in out.stdout, out.stdout
+    sweep = json.loads((journal.parent.parent / "stubborn" / "sweep.json").read_text())
+    assert sweep["status"] == "interrupted"
+    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(dist.get_world_size(), float(t))",
+                 timeout=30)
+    assert out.stdout.strip() == "4 4.0"
 
 
 def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
@@ -221,17 +306,27 @@ def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
     assert {int(v) // 10 for v in tk.value("[t.value for t in kstudy.trials]")} == {2}  # the slot's world size
 
 
-def test_bad_input_says_the_fix(tk):
-    out = tk.run("jdist.tune('inside', trials=2, per_trial=3)", allow_error=True)
-    assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in out.error["evalue"]
-    out = tk.run("jdist.tune('nothing_here', trials=2)", allow_error=True)
-    assert "no function 'nothing_here' on rank(s) [0, 1, 2, 3]" in out.error["evalue"]
-    out = tk.run("jdist.tune('inside', trials=2, pruner='sometimes')", allow_error=True)
-    assert "pruner='sometimes': use one of asha, median, hyperband, none" in out.error["evalue"]
-    out = tk.run("jdist.tune('inside', trials=2, name='resumable')", allow_error=True)
-    assert "pass resume=True" in out.error["evalue"]
-    out = tk.run("jdist.tune('inside', trials=2, resume=True, name='never-ran')", allow_error=True)
-    assert "no sweep called 'never-ran'" in out.error["evalue"]
+def test_bad_input_says_the_fix(tk, kernel_env):
+    sweeps = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps"
+    before = sorted(p.name for p in sweeps.iterdir())
+
+    def refused(code: str) -> str:
+        # one UsageError line, as the magics' bad input: no traceback through jdist, nothing started
+        out = tk.run(code, allow_error=True)
+        assert out.error["ename"] == "UsageError" and out.shown == "UsageError: " + out.error["evalue"], out.shown
+        return out.error["evalue"]
+
+    assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in refused(
+        "jdist.tune('inside', trials=2, per_trial=3)")
+    assert "no function 'nothing_here' on rank(s) [0, 1, 2, 3]" in refused("jdist.tune('nothing_here', trials=2)")
+    assert "pruner='sometimes': use one of asha, median, hyperband, none" in refused(
+        "jdist.tune('inside', trials=2, pruner='sometimes')")
+    assert "pass resume=True" in refused("jdist.tune('inside', trials=2, name='resumable')")
+    assert "no sweep called 'never-ran'" in refused("jdist.tune('inside', trials=2, resume=True, name='never-ran')")
+    assert "trials=0: a sweep needs a whole number of trials, at least 1." in refused("jdist.tune('inside', trials=0)")
+    assert "use 'minimize' or 'maximize'" in refused("jdist.tune('inside', direction='down')")
+    assert "trial_timeout=0: pass positive seconds" in refused("jdist.tune('inside', trial_timeout=0)")
+    assert sorted(p.name for p in sweeps.iterdir()) == before  # no sweep's folder was made
 
 
 def test_a_rank_that_cannot_form_its_slot_stops_the_sweep_with_why_and_the_world_is_untouched(tk):

@@ -241,8 +241,15 @@ class ClusterSession:
         """Stop engines and controller (teardown on the ranks first, best effort). Idempotent.
 
         ``busy``: the ranks still run code (``jdist run`` ending them on a second Ctrl-C): no
-        teardown, which would wait for them, only the launcher's signals."""
+        teardown, which would wait for them, only the launcher's signals. Ranks the controller sees busy
+        (still in a cell that did not stop after an interrupt) are stopped the same way: a teardown would
+        wait for them (5 s), then ipyparallel's signals, which they may ignore (measured: 20 s more)."""
         client, cluster, launcher = self.client, self.ipp, self.launcher
+        if client is not None and not busy:
+            try:
+                busy = "busy" in engine_states(client).values()
+            except Exception:  # no answer from the controller: the gentle way, with its timeouts
+                pass
         self.client = self.ipp = self.launcher = None
         atexit.unregister(self.stop)
         statefile.remove(self.state_file)

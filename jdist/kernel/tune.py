@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import ClusterError, RankFailure, remote_errors, strip_ansi
+from jdist.errors import (ClusterError, OneLineError, RankFailure, first_failure, remote_errors, strip_ansi,
+                          usage_error)
 from jdist.metrics import default_run_dir
+from jdist.plugins import backend_spec, backend_specs
 from jdist.protocol import FOLDER_NAME, TUNE_REPLY, RankCall
 
 from . import cluster as cl
@@ -47,8 +49,6 @@ from .supervise.view import IppCellView
 TUNE_INSTALL_HINT = "jdist.tune needs Optuna: pip install 'jdist[tune]' (or pip install optuna)."
 #: Names accepted by ``pruner=`` (or pass an Optuna pruner).
 PRUNERS = ("asha", "median", "hyperband", "none")
-#: Backends whose groups a sweep's slots replace (torch's default group).
-SLOT_BACKENDS = ("ddp", "fsdp")
 #: Trials in the view's table (the running ones first, then the newest) and curves drawn.
 TABLE_ROWS = 40
 CURVES = 30
@@ -56,8 +56,6 @@ CURVES = 30
 FAILED_SHOWN = 5
 #: Trials are queued ahead on each slot while the median trial takes less than this (seconds).
 PREFETCH_BELOW_S = 10.0
-#: Seconds the ranks of an interrupted or timed-out trial get to end it before the sweep stops.
-GRACE_S = 15.0
 #: Seconds the other ranks of a trial get to raise TrialPruned after one did (SPMD code prunes on every rank)
 #: before they are released from the collective they may wait in.
 PRUNED_WAIT_S = 5.0
@@ -67,6 +65,10 @@ _last: Sweep | None = None
 
 class RankLost(RuntimeError):
     """A rank died during a sweep: the sweep stopped (the message says how to go on)."""
+
+
+class SweepStopped(OneLineError):
+    """A trial's ranks did not stop when told to: the ranks were restarted and the sweep stopped (one line)."""
 
 
 def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: int = 1, metric: str | None = None,
@@ -82,38 +84,58 @@ def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: 
     "asha", "median", "hyperband", "none" or an Optuna pruner. ``study``: an Optuna study of your own
     (its storage is then yours). ``resume``: go on with the sweep called ``name`` (default the newest),
     up to ``trials`` trials in all. ``trial_timeout``: seconds after which a trial is stopped and
-    counted failed. Returns the ``optuna.Study``.
+    counted failed. Returns the ``optuna.Study``. Bad arguments raise one ``UsageError`` line before
+    anything starts.
 
     >>> study = jdist.tune("objective", trials=8, per_trial=2, metric="val_loss")   # doctest: +SKIP
     """
     global _last
     t0 = time.perf_counter()
     optuna = _optuna()
-    cluster = cl.current()
-    if cluster is None or cluster.client is None:
-        raise RuntimeError("jdist.tune runs trials on a running cluster: start one with a %%distributed cell first "
-                           "(e.g. %%distributed -n 4 defining the objective).")
-    n = cluster.config.n
-    if per_trial < 1 or n % per_trial:
-        raise ValueError(f"per_trial={per_trial} does not divide the {n} ranks into slots: use one of "
-                         f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)}.")
-    if trials < 1:
-        raise ValueError("trials must be at least 1.")
-    if cluster.config.backend not in SLOT_BACKENDS:
-        raise ValueError(f"jdist.tune runs trials with --backend {' or '.join(SLOT_BACKENDS)} (slots of the torch "
-                         f"default group); this cluster runs --backend {cluster.config.backend}. Start one with "
-                         "%%distributed --backend ddp --restart.")
-    problem = slots_across_hosts({info["rank"]: info["host"] for info in cluster.ranks}, per_trial)
-    if problem:
-        raise ValueError(problem)
+    cluster = _check_args(optuna, trials, per_trial, metric, direction, pruner, study, trial_timeout)
+    name = _sweep_name(name, resume, study)
     objective_name = _objective_on_ranks(cluster, objective)
-    folder, study, journal = _open_study(optuna, study, name, resume, direction, pruner, sampler)
+    folder, study, journal, storage = _open_study(optuna, study, name, resume, direction, pruner, sampler)
     sweep = Sweep(cluster, study, objective_name, per_trial, metric, trials, trial_timeout, folder, show)
-    sweep.journal = journal
+    sweep.journal, sweep.storage = journal, storage
     sweep.phases["before_s"] = time.perf_counter() - t0
     _last = sweep
     sweep.run()
     return study
+
+
+def _check_args(optuna: Any, trials: Any, per_trial: Any, metric: Any, direction: Any, pruner: Any, study: Any,
+                trial_timeout: Any) -> Any:
+    """The running cluster, once every argument that needs no round trip to the ranks is right; else one
+    ``UsageError`` line that names the fix (nothing has started yet)."""
+    cluster = cl.current()
+    if cluster is None or cluster.client is None:
+        raise usage_error("jdist.tune runs trials on a running cluster: start one with a %%distributed cell first "
+                          "(e.g. %%distributed -n 4 defining the objective).")
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise usage_error(f"trials={trials!r}: a sweep needs a whole number of trials, at least 1.")
+    n = cluster.config.n
+    if not isinstance(per_trial, int) or isinstance(per_trial, bool) or per_trial < 1 or n % per_trial:
+        raise usage_error(f"per_trial={per_trial!r} does not divide the {n} ranks into slots: use one of "
+                          f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)}.")
+    if metric is not None and not isinstance(metric, str):
+        raise usage_error(f"metric={metric!r}: pass the name of a jdist.log value (a str), or leave it out.")
+    if study is None and str(getattr(direction, "name", direction)).lower() not in ("minimize", "maximize"):
+        raise usage_error(f"direction={direction!r}: use 'minimize' or 'maximize'.")
+    if isinstance(pruner, str) and pruner not in PRUNERS or not (
+            pruner is None or isinstance(pruner, (str, optuna.pruners.BasePruner))):
+        raise usage_error(f"pruner={pruner!r}: use one of {', '.join(PRUNERS)}, or an Optuna pruner.")
+    if trial_timeout is not None and not (isinstance(trial_timeout, (int, float)) and trial_timeout > 0):
+        raise usage_error(f"trial_timeout={trial_timeout!r}: pass positive seconds, or None (no limit).")
+    if not backend_spec(cluster.config.backend).slots:
+        able = [name for name, spec in sorted(backend_specs().items()) if spec.slots]
+        raise usage_error(f"jdist.tune runs trials on slots of the ranks' group, which --backend "
+                          f"{cluster.config.backend} cannot form (backends that can: {', '.join(able)}). Start one "
+                          f"with %%distributed --backend {able[0]} --restart.")
+    problem = slots_across_hosts({info["rank"]: info["host"] for info in cluster.ranks}, per_trial)
+    if problem:
+        raise usage_error(problem)
+    return cluster
 
 
 def slots_across_hosts(hosts: dict[int, str], per_trial: int) -> str | None:
@@ -140,7 +162,7 @@ def slots_across_hosts(hosts: dict[int, str], per_trial: int) -> str | None:
 
 def last_sweep() -> Any:
     """The newest sweep's trials as a pandas DataFrame (Optuna's ``trials_dataframe`` with each
-    trial's slot, ranks and error); None before any sweep in this kernel."""
+    trial's slot, ranks, error and run folder); None before any sweep in this kernel."""
     return _last.dataframe() if _last is not None else None
 
 
@@ -149,11 +171,11 @@ def _objective_on_ranks(cluster: Any, objective: str | Callable[[Any], Any]) -> 
     if isinstance(objective, str):
         missing = [r for r, ok in enumerate(cluster.call("has_function", objective)) if not ok]
         if missing:
-            raise NameError(f"jdist.tune: no function {objective!r} on rank(s) {missing}: define it in a "
-                            "%%distributed cell first.")
+            raise usage_error(f"jdist.tune: no function {objective!r} on rank(s) {missing}: define it in a "
+                              "%%distributed cell first.")
         return objective
     if not callable(objective):
-        raise TypeError("jdist.tune: objective must be a function of one trial, or the name of one on the ranks.")
+        raise usage_error("jdist.tune: objective must be a function of one trial, or the name of one on the ranks.")
     cluster.push("_jdist_objective", objective)
     return "_jdist_objective"
 
@@ -185,39 +207,52 @@ def sweeps_dir() -> Path:
     return default_run_dir() / "sweeps"
 
 
-def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, direction: str, pruner: Any,
-                sampler: Any) -> tuple[Path, Any, Any]:
-    from optuna.storages import JournalStorage
-
-    from .journal import MirroredJournal
-
+def _sweep_name(name: str | None, resume: bool, study: Any) -> str | None:
+    """The sweep's folder name: ``name``, the newest sweep's (``resume`` without one) or a new one; a
+    ``UsageError`` line if it cannot be (nothing is created here). None for a study of the user's own."""
     root = sweeps_dir()
-    if name is not None and (not FOLDER_NAME.fullmatch(name) or name.startswith(".")):
-        raise ValueError(f"name={name!r}: a sweep's name is its folder's (and the sidebar's link): use letters, "
-                         "digits, '.', '_' and '-', not starting with '.'.")
+    if name is not None and (not isinstance(name, str) or not FOLDER_NAME.fullmatch(name) or name.startswith(".")):
+        raise usage_error(f"name={name!r}: a sweep's name is its folder's (and the sidebar's link): use letters, "
+                          "digits, '.', '_' and '-', not starting with '.'.")
     if study is not None:
-        folder = root / (re.sub(r"[^A-Za-z0-9_.-]", "_", study.study_name).lstrip(".") or "study")
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder, study, None
+        return None
     if resume:
         if name is None:
             existing = sorted((p for p in root.glob("*") if (p / "journal.log").exists()),
                               key=lambda p: p.stat().st_mtime) if root.exists() else []
             if not existing:
-                raise FileNotFoundError(f"resume=True: no sweep in {root} to resume; start one without resume.")
-            name = existing[-1].name
-        elif not (root / name / "journal.log").exists():
-            raise FileNotFoundError(f"resume=True: no sweep called {name!r} in {root}.")
-    elif name is None:  # a new name: two sweeps started in the same second get -2, -3...
+                raise usage_error(f"resume=True: no sweep in {root} to resume; start one without resume.")
+            return existing[-1].name
+        if not (root / name / "journal.log").exists():
+            raise usage_error(f"resume=True: no sweep called {name!r} in {root}; start it without resume.")
+        return name
+    if name is None:  # a new name: two sweeps started in the same second get -2, -3...
         base = name = time.strftime("sweep-%Y%m%d-%H%M%S")
         number = 1
         while (root / name).exists():
             number += 1
             name = f"{base}-{number}"
-    else:
-        if (root / name / "journal.log").exists():
-            raise FileExistsError(f"A sweep called {name!r} exists in {root}: pass resume=True to go on with it, "
-                                  "or another name.")
+        return name
+    if (root / name / "journal.log").exists():
+        raise usage_error(f"A sweep called {name!r} exists in {root}: pass resume=True to go on with it, "
+                          "or another name.")
+    return name
+
+
+def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, direction: str, pruner: Any,
+                sampler: Any) -> tuple[Path, Any, Any, Any]:
+    """The sweep's folder, study, mirrored journal and storage (``name`` from :func:`_sweep_name`; a study
+    of the user's own keeps its storage: no journal, no storage of jdist's)."""
+    from optuna.storages import JournalStorage
+
+    from .journal import MirroredJournal
+
+    root = sweeps_dir()
+    if study is not None:
+        folder = root / (re.sub(r"[^A-Za-z0-9_.-]", "_", study.study_name).lstrip(".") or "study")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder, study, None, None
+    assert name is not None
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     journal = MirroredJournal(folder / "journal.log")
@@ -227,7 +262,7 @@ def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, directi
     storage = JournalStorage(journal)
     study = optuna.create_study(study_name=name, storage=storage, direction=direction,
                                 pruner=make_pruner(optuna, pruner), sampler=sampler, load_if_exists=resume)
-    return folder, study, journal
+    return folder, study, journal, storage
 
 
 class _Wake:
@@ -285,8 +320,12 @@ class Sweep:
         self.errors: dict[int, str] = {}  # trial number -> the root cause, one line
         self.wake = threading.Event()
         self.interrupted = False
-        self.lost = False  # a rank died or a trial's ranks are stuck: no world group to form again
+        self.lost = False  # a rank died: no world group to form again (MPI ended every rank)
+        self.grace_s = cluster.config.interrupt_grace  # --interrupt-grace: the seconds a stopped trial gets to end
+        self.stuck: list[str] = []  # the trials still on their ranks when the sweep stopped waiting: where they are
+        self.stuck_why = ""  # why it stopped waiting for them (the line that says the ranks are restarted)
         self.journal: Any = None  # the MirroredJournal of a study jdist created
+        self.storage: Any = None  # and its JournalStorage (None: a study of the user's own)
         self.status = "running"  # then done / interrupted / stopped (sweep.json, for the sidebar)
         self.started = time.time()
         self.view = SweepView(self, show)
@@ -313,19 +352,36 @@ class Sweep:
             self._loop(optuna, name)
             if self.enter_error is not None:
                 raise RuntimeError(f"jdist.tune: the slots could not be formed, {self.enter_error}")
+            if self.stuck and not self.interrupted:
+                raise SweepStopped(f"jdist.tune stopped: {self.stuck_why}; the ranks were restarted (the lines above "
+                                   "say how it went). Every finished trial is kept: jdist.tune(..., resume=True) "
+                                   "goes on.")
             self.status = "interrupted" if self.interrupted else "done"
         except BaseException:
             self.status = "stopped"
             raise
         finally:
-            t2 = time.perf_counter()
-            notes = [] if self.lost or self.enter_refused else self._leave()
-            t3 = time.perf_counter()
-            self.phases.update(trials_s=t2 - t0, world_s=t3 - t2)
-            self.view.update(final=True)
-            notes += self._flush_journal()
-            self._say_end(notes)
-            self.phases["after_s"] = time.perf_counter() - t3
+            self._close(optuna, t0)
+
+    def _close(self, optuna: Any, t0: float) -> None:
+        """The sweep's end, whatever ended it: the ranks as before the sweep (:meth:`_give_back`), then the
+        view, ``sweep.json`` and the journal final, and the last line. A Ctrl-C in these steps is dropped
+        (each takes milliseconds, except the restart, which takes its own): it would leave ``sweep.json``
+        saying "running" and a traceback through jdist."""
+        t2 = time.perf_counter()
+        notes: list[str] = []
+        steps: list[Callable[[], Any]] = [
+            lambda: notes.extend(self._give_back(optuna)),
+            lambda: self.phases.update(trials_s=t2 - t0, world_s=time.perf_counter() - t2),
+            lambda: self.view.update(final=True),
+            lambda: notes.extend(self._flush_journal()),
+            lambda: self._say_end(notes)]
+        for step in steps:
+            try:
+                step()
+            except KeyboardInterrupt:
+                pass
+        self.phases["after_s"] = time.perf_counter() - t2 - self.phases.get("world_s", 0.0)
 
     def _check_entered(self) -> None:
         """Once every rank answered ``tune_enter``: if one could not form its slot, nothing more is sent
@@ -358,10 +414,7 @@ class Sweep:
         while True:
             try:
                 self._check_entered()
-                try:
-                    self._dispatch(name)
-                except ClusterError:  # a slot's rank died since the last look: say it as a death
-                    self._rank_died(optuna, self._dead_ranks_soon())
+                self._dispatch_or_death(optuna, name)
                 if not self.running and not self.ending and self.entering is None:
                     return
                 self.wake.wait(0.05 if self.ending else 0.25)
@@ -383,7 +436,11 @@ class Sweep:
                     self._pump(tr)
                     if tr in self.running.values():
                         self._watch(tr)
-                self._dispatch(name)
+                if self.stuck:  # a stopped trial outlived --interrupt-grace: the ranks are restarted
+                    self.stuck_why = "; and ".join(self.stuck)
+                    self._abandon(optuna)
+                    return
+                self._dispatch_or_death(optuna, name)
                 self._check_entered()  # trials are told once every rank formed its slot (or said why not)
                 for tr in list(self.ending) if self.entering is None else ():  # and their last messages are in
                     if tr.view.ar.wait_for_output(0) or time.monotonic() - tr.ended > 1.0:  # (at most 1 s)
@@ -391,11 +448,44 @@ class Sweep:
                         self._finish(optuna, tr)
                 self.view.update()
             except KeyboardInterrupt:
-                if self.interrupted:  # a second Ctrl-C: stop waiting for the trials
-                    self._kill_running(optuna)
-                    return
-                self.interrupted = True
-                self._stop_all("interrupted")
+                if not self.interrupted:
+                    self.interrupted = True
+                    try:
+                        self._stop_all("interrupted")
+                        continue
+                    except KeyboardInterrupt:  # the second Ctrl-C came while the stops were sent
+                        pass
+                # a second Ctrl-C: stop waiting for the trials; those still on their ranks are named, and the
+                # ranks restarted (their slot groups cannot be given back while a trial runs in them)
+                self._stop_waiting()
+                self._abandon(optuna)
+                return
+
+    def _dispatch_or_death(self, optuna: Any, name: str) -> None:
+        try:
+            self._dispatch(name)
+        except ClusterError:  # a slot's rank died since the last look: say it as a death
+            self._rank_died(optuna, self._dead_ranks_soon())
+
+    def _stop_waiting(self) -> None:
+        """The second Ctrl-C: the trials (or the forming of the slots) still on the ranks are :attr:`stuck`,
+        each with where its ranks are."""
+        live = [tr for tr in self.running.values() if not tr.view.ready()]
+        live += [tr for slot, tr in self.queued.items()  # one that began: the trial before it on its slot ended
+                 if not tr.view.ready() and (slot not in self.running or self.running[slot].view.ready())]
+        where = self._where_ranks(sorted({r for tr in live for r in tr.view.running()}))
+        for tr in live:
+            tr.where = [where[r] for r in tr.view.running() if r in where]
+            self.stuck.append(self._describe(tr))
+        if self.entering is not None and not self.entering.ready():
+            self.stuck.append(f"the slots being formed on ranks 0-{self.cluster.config.n - 1}")
+        if self.stuck:
+            self.stuck_why = f"stopped waiting (a second interrupt) for {'; and for '.join(self.stuck)}"
+
+    @staticmethod
+    def _describe(tr: TrialRun) -> str:
+        where = f" ({'; '.join(tr.where)})" if tr.where else ""
+        return f"trial {tr.trial.number} on ranks {', '.join(map(str, tr.view.running() or tr.ranks))}{where}"
 
     def _dead_ranks_soon(self) -> list[int]:
         """The dead ranks, once the launcher has seen the death that the client saw first (ClusterError
@@ -431,6 +521,8 @@ class Sweep:
         def budget() -> int:
             return self._budget_left() - len(self.ending) - len(self.running) - len(self.queued)
 
+        if self.entering is not None and self.ending:  # a trial ended before every rank said it formed its slot
+            return  # (a rank without one fails it at once): no more trials until they all did (seen under load)
         while not self.interrupted and self.free and budget() > 0:
             slot = self.free.pop(0)
             self.running[slot] = self._send(slot, name)
@@ -452,12 +544,18 @@ class Sweep:
         return self.trials - sum(1 for t in self.study.get_trials(deepcopy=False) if _counts(t))
 
     def _close_stale(self, optuna: Any) -> None:
-        """Trials a previous kernel left RUNNING (it died or was interrupted hard) count as interrupted (through
-        the storage: Optuna has no public call that sets an attribute of a trial it did not hand out)."""
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            self.study._storage.set_trial_user_attr(t._trial_id, "jdist_error", "interrupted (the sweep stopped)")
-            self.study._storage.set_trial_user_attr(t._trial_id, "jdist_interrupted", True)
-            self.study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        """Trials a previous kernel left RUNNING (it died or was interrupted hard) count as interrupted."""
+        states = optuna.trial.TrialState
+        for t in self.study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+            # Optuna's Study has no public call that sets an attribute of a trial it did not hand out: the
+            # storage's (public BaseStorage methods) does; a study of the user's own is reached through its
+            # private _storage, the one private name used here
+            storage = self.storage if self.storage is not None else self.study._storage
+            trial_id = storage.get_trial_id_from_study_id_trial_number(
+                storage.get_study_id_from_name(self.study.study_name), t.number)
+            storage.set_trial_user_attr(trial_id, "jdist_error", "interrupted (the sweep stopped)")
+            storage.set_trial_user_attr(trial_id, "jdist_interrupted", True)
+            self.study.tell(t.number, state=states.FAIL, skip_if_finished=True)
 
     def _send(self, slot: int, name: str) -> TrialRun:
         ranks = self.slots[slot]
@@ -561,11 +659,11 @@ class Sweep:
             elif self.trial_timeout is not None and tr.started is not None and now - tr.started > self.trial_timeout:
                 tr.where = self._where(tr)
                 self._stop(tr, f"timed out after {self.trial_timeout:g} s")
-        elif tr.stopped_at is not None and now - tr.stopped_at > GRACE_S and not tr.view.ready():
-            self.lost = True  # its ranks are stuck: no group to give back
-            raise RuntimeError(f"jdist.tune: trial {tr.trial.number} on ranks {tr.ranks} did not stop within "
-                               f"{GRACE_S:g} s of being {tr.stopped}; run %dist restart, then "
-                               "jdist.tune(..., resume=True).")
+        elif tr.stopped_at is not None and now - tr.stopped_at > self.grace_s and not tr.view.ready():
+            tr.where = self._where(tr)  # where its ranks are now (a timed-out trial's error had where they were)
+            why = "a rank failed" if tr.stopped == "released" else tr.stopped
+            self.stuck.append(f"{self._describe(tr)} did not stop within {self.grace_s:g} s (--interrupt-grace) "
+                              f"of being stopped ({why})")
 
     def _stop(self, tr: TrialRun, why: str) -> None:
         """Stop ``tr`` on its ranks (KeyboardInterrupt in the objective; a blocked collective is released):
@@ -576,17 +674,25 @@ class Sweep:
             self.cluster.reply(rank, TUNE_REPLY, {"trial": tr.trial.number, "stop": why})
 
     def _where(self, tr: TrialRun) -> list[str]:
+        where = self._where_ranks(tr.view.running())
+        return [where[r] for r in sorted(where)]
+
+    def _where_ranks(self, ranks: list[int]) -> dict[int, str]:
+        """What each of ``ranks`` does: "rank 3 running cell line 7" (:func:`jdist.stacks.summary`); ranks
+        that gave no stack within 2 s are left out, and so is everything after a Ctrl-C."""
         from jdist.stacks import summary
 
+        if not ranks:
+            return {}
         try:
-            stacks = self.cluster.stacks(tr.view.running())
-        except Exception:
-            return []
-        return [f"rank {r} {summary(frames)}" for r, frames in sorted(stacks.items()) if frames]
+            stacks = self.cluster.stacks(ranks)
+        except (Exception, KeyboardInterrupt):
+            return {}
+        return {r: f"rank {r} {summary(frames)}" for r, frames in sorted(stacks.items()) if frames}
 
     def _stop_all(self, why: str) -> None:
         if self.entering is not None:  # the slots form first: a signal in the middle would leave them half made
-            self.entering.wait(GRACE_S)
+            self.entering.wait(self.grace_s)
         for tr in self.queued.values():  # not started: taken out of the engines' queues (or stopped as it begins)
             try:
                 self.cluster.client.abort(jobs=tr.view.ar, targets=self.cluster.engine_ids(tr.ranks), block=False)
@@ -597,15 +703,47 @@ class Sweep:
             if tr.stopped is None:
                 self._stop(tr, why)
 
-    def _kill_running(self, optuna: Any) -> None:
-        for tr in self.ending:
+    def _abandon(self, optuna: Any) -> None:
+        """Stop waiting for the trials: those that ended are told as they ended; the others FAIL, interrupted
+        (not counted), except a trial stopped for its own fault (a timeout, a failed rank) that did not stop:
+        it counts, with where its ranks were."""
+        live = [tr for tr in [*self.running.values(), *self.queued.values()] if not tr.view.ready()]
+        for tr in [*self.ending, *(tr for tr in [*self.running.values(), *self.queued.values()] if tr not in live)]:
             self._finish(optuna, tr)
         self.ending.clear()
-        for tr in [*self.running.values(), *self.queued.values()]:
-            tr.stopped = "interrupted"
-            self._tell(optuna, tr, optuna.trial.TrialState.FAIL, error="interrupted (the sweep stopped)")
+        for tr in live:
+            if tr.stopped not in (None, "interrupted"):
+                cause = "a rank failed" if tr.stopped == "released" else tr.stopped
+                error = f"{cause}, and it did not stop within {self.grace_s:g} s: {'; '.join(tr.where) or 'no stack'}"
+            else:
+                tr.stopped = "interrupted"
+                error = "interrupted (the sweep stopped)" + (f" while {'; '.join(tr.where)}" if tr.where else "")
+            self._tell(optuna, tr, optuna.trial.TrialState.FAIL, error=error)
         self.running.clear()
         self.queued.clear()
+
+    def _settle(self, optuna: Any) -> None:
+        """After an error in the kernel's loop: the trials still on the ranks are stopped and get
+        --interrupt-grace to end; those that do not are :attr:`stuck` (the ranks are then restarted)."""
+        live = [tr for tr in [*self.running.values(), *self.queued.values()] if not tr.view.ready()]
+        if not live:
+            return
+        try:
+            self._stop_all("interrupted")
+            deadline = time.monotonic() + self.grace_s
+            while any(not tr.view.ready() for tr in live) and time.monotonic() < deadline:
+                self.wake.wait(0.05)
+                self.wake.clear()
+        except KeyboardInterrupt:  # stop waiting
+            pass
+        live = [tr for tr in live if not tr.view.ready()]
+        for tr in live:
+            tr.where = self._where(tr)
+            self.stuck.append(self._describe(tr))
+        if self.stuck:
+            self.stuck_why = (f"after an error in the sweep, {'; and '.join(self.stuck)} did not stop within "
+                              f"{self.grace_s:g} s (--interrupt-grace)")
+        self._abandon(optuna)
 
     def _finish(self, optuna: Any, tr: TrialRun) -> None:
         self._pump(tr)
@@ -621,7 +759,7 @@ class Sweep:
         elif not failures:
             self._tell(optuna, tr, states.FAIL, error="the objective returned None")
         else:
-            root = min(failures.values(), key=lambda f: (f.completed or float("inf"), f.rank))
+            root = failures[first_failure(failures)]
             if root.ename == "TrialPruned":
                 self._tell(optuna, tr, states.PRUNED)
             else:
@@ -662,13 +800,39 @@ class Sweep:
                     "optuna.copy_study(...) to another storage before the kernel stops."]
         return []
 
-    def _leave(self) -> list[str]:
+    def _give_back(self, optuna: Any) -> list[str]:
+        """The ranks as they were before the sweep: the world group formed again; or, where a trial still runs
+        in its slot group (that group cannot be given back) or the world group could not be formed, the ranks
+        restarted, said in one line first. Nothing to do after a rank died (MPI ended every rank: the
+        RankLost line says what to do) or when every rank refused to form its slot (nothing changed)."""
+        if self.lost or self.enter_refused:
+            return []
+        if not self.stuck:
+            self._settle(optuna)  # after an error in the loop: the trials still running stop first
+        if self.stuck:
+            return [self._restart(f"{self.stuck_why}: a slot group that a trial still runs in cannot be given back")]
         try:
             answers = self.cluster.call("tune_leave", timeout=120)
-        except Exception as exc:
-            return [f"The world process group could not be formed again after the sweep ({exc}); run %dist restart."]
+        except (Exception, KeyboardInterrupt) as exc:  # a rank left its slot and not the others: no world group
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+            return [self._restart(f"the world process group could not be formed again after the sweep ({why})")]
         first = answers[0] if answers else {}
         return [line for line in (first.get("kept"), first.get("lost")) if line]
+
+    def _restart(self, why: str) -> str:
+        """Restart the ranks (set-up cells replayed, as ``%dist restart``); one line says why first. Its
+        result line, or what to do if it could not (a failed start, a Ctrl-C during it)."""
+        from . import recovery
+
+        print(f"jdist.tune: {why}, so the ranks are restarted (set-up cells replayed, as %dist restart)...",
+              flush=True)
+        try:
+            self.view.update(final=True)  # the sidebar's card says how the sweep ended while the ranks restart
+            self.cluster.stop(busy=True)  # ranks still in a trial: a teardown would wait for them (5 s)
+            return recovery.restart(self.cluster, lambda line: print(line, flush=True))
+        except (Exception, KeyboardInterrupt) as exc:
+            return (f"The ranks could not be restarted ({type(exc).__name__}: {exc}): run %dist restart, "
+                    "then jdist.tune(..., resume=True).")
 
     def _say_end(self, notes: list[str]) -> None:
         trials = self.study.get_trials(deepcopy=False)
@@ -696,10 +860,13 @@ class Sweep:
     # -- results ---------------------------------------------------------------------------------
     def dataframe(self) -> Any:
         df = self.study.trials_dataframe()
-        renames = {f"user_attrs_jdist_{k}": k for k in ("slot", "ranks", "error", "run")}
-        df = df.rename(columns=renames)
-        drop = [c for c in df.columns if c.startswith("user_attrs_jdist_")]
-        return df.drop(columns=drop)
+        columns = ("slot", "ranks", "error", "run")
+        df = df.rename(columns={f"user_attrs_jdist_{k}": k for k in columns})
+        df = df.drop(columns=[c for c in df.columns if c.startswith("user_attrs_jdist_")])
+        for k in columns:  # Optuna leaves out an attribute no trial has (no error, nothing logged): always there
+            if k not in df.columns:
+                df[k] = None
+        return df
 
 
 def _plain_value(value: Any) -> Any:

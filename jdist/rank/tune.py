@@ -403,7 +403,7 @@ def _optuna_compat() -> None:
     use (a module global) is forgotten before each trial, since the slot's group is new in every sweep
     and after a repair."""
     global _registered
-    if not _registered and (importlib.util.find_spec("optuna_integration") is not None or "optuna" in sys.modules):
+    if not _registered and ("optuna" in sys.modules or _installed("optuna_integration")):
         import optuna
 
         optuna.trial.BaseTrial.register(Trial)
@@ -414,6 +414,18 @@ def _optuna_compat() -> None:
 
 
 _registered = False
+
+
+def _installed(name: str) -> bool:
+    """Whether module ``name`` is imported or importable, without importing it. ``find_spec`` raises
+    ValueError for a module in ``sys.modules`` whose ``__spec__`` is None: ``optuna_integration`` replaces
+    itself there with a lazy module that has none, once imported."""
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _as_value(value: Any) -> float | list[float] | None:

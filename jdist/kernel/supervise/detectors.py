@@ -1,8 +1,9 @@
 """Fault detectors: small objects the supervisor polls while a cell runs.
 
 Each :class:`Detector` looks at the running cell on every poll and may return an action:
-:class:`Stop` (a rank process died: end the cell now) or :class:`Release` (stop the ranks
-still running: after a failure elsewhere, or a hang). The user's interrupt is not a
+:class:`Stop` (a rank process died: end the cell now), :class:`Release` (stop the ranks
+still running: after a failure elsewhere, or a hang) or :class:`EndGrace` (the ranks still running
+after a release cannot stop: stop waiting for them). The user's interrupt is not a
 detector: it arrives as KeyboardInterrupt in the kernel and the supervisor forwards it.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from jdist.plugins import backend_spec
-from jdist.stacks import Sample, blocked
+from jdist.stacks import Sample, blocked, describe
 
 from ..launch import RankDeath
 
@@ -37,7 +38,12 @@ class Release:
     hang: dict[int, str] | None = None  # rank -> the collective it waits in
 
 
-Action = Stop | Release
+@dataclass(frozen=True)
+class EndGrace:
+    """No rank still running can stop: end the wait for them now (they are named as not stopping)."""
+
+
+Action = Stop | Release | EndGrace
 
 
 class Detector(Protocol):
@@ -120,5 +126,29 @@ class HangWatchdog:
         return Release("hang", {r: w for r, w in waiting.items() if w})
 
 
+class UnreleasableWait:
+    """After a release or an interrupt, on a backend whose collectives cannot be released
+    (:attr:`jdist.plugins.BackendSpec.releases` False: Horovod's run over MPI): once every rank still
+    running is seen waiting in one of its collectives, it will not stop, and waiting out
+    ``--interrupt-grace`` would only delay its restart. Looks every ``every`` seconds."""
+
+    def __init__(self, every: float = 0.25):
+        self.every = every
+        self.last = 0.0
+
+    def poll(self, now: float, sup: CellSupervisor) -> Action | None:
+        spec = backend_spec(sup.cluster.config.backend)
+        if not sup.releasing or spec.releases or not spec.collective_paths or now - self.last < self.every:
+            return None
+        self.last = now
+        running = sup.view.running()
+        if not running:
+            return None
+        stacks = sup.cluster.samples(running, timeout=SAMPLE_TIMEOUT_S)
+        waiting = [describe(stacks[r].frames, spec.backward_waits, spec.collective_paths) if r in stacks else None
+                   for r in running]
+        return EndGrace() if all(waiting) else None
+
+
 def default_detectors(watchdog: float) -> list[Detector]:
-    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog)]
+    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog), UnreleasableWait()]

@@ -60,6 +60,7 @@ class Observations:
     hang: dict[int, str] | None = None  # rank -> the collective it waited in
     death: RankDeath | None = None  # the first rank process that ended
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop after an interrupt/release
+    cut_short: bool = False  # a second interrupt ended the wait for them before --interrupt-grace
 
 
 @dataclass(frozen=True)

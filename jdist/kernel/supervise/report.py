@@ -92,7 +92,8 @@ def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
         if lost:
             lines.append(f"Not kept: {lost}.")
     if obs.stuck:
-        lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop within {result.grace_s:g} s:")
+        within = "(a second interrupt ended the wait)" if obs.cut_short else f"within {result.grace_s:g} s"
+        lines.append(f"rank(s) {', '.join(map(str, obs.stuck))} did not stop {within}:")
         lines += [f"  rank {r}: {what}" for r, what in sorted(result.stuck_stacks.items())]
         if frontend.restart and not result.unusable:  # (unusable ranks: the front end restarts them)
             lines.append(f"Run {frontend.restart} to get the ranks back (their variables are lost"

@@ -9,7 +9,7 @@ the main thread (ipykernel 7 rule).
 
 States: RUNNING → (a release or an interrupt) RELEASING → DRAINING → DONE. In RELEASING the
 ranks got SIGINT and have ``--interrupt-grace`` seconds (default 10) to
-stop. In DRAINING the output tail is collected, lost records are fetched again from the ranks,
+stop (a second interrupt ends the wait at once). In DRAINING the output tail is collected, lost records are fetched again from the ranks,
 and a process group broken by a release is re-built. :func:`jdist.kernel.supervise.outcome.classify`
 then decides what happened. A cell that finished and logged nothing is a set-up cell:
 :func:`run_cell` notes it in the cluster's recovery log.
@@ -35,7 +35,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import parse_message
 from jdist.stacks import summary
 
-from .detectors import Detector, Release, Stop, default_detectors
+from .detectors import Detector, EndGrace, Release, Stop, default_detectors
 from .outcome import Observations, classify
 from .output import RankOutput
 from .collect import RecordCollector
@@ -141,11 +141,16 @@ class CellSupervisor:
                     if isinstance(action, Release):
                         self._release(action)
                         break
+                    if isinstance(action, EndGrace):
+                        self.deadline = now
+                        break
             except KeyboardInterrupt:
                 if not self.obs.interrupted:
                     self.obs.interrupted = True
                     self.cluster.interrupt(self.ranks)
                     self._start_grace()
+                else:  # a second interrupt: stop waiting now; the ranks still running are named
+                    self.deadline, self.obs.cut_short = time.monotonic(), True
 
     def _release(self, action: Release) -> None:
         if action.hang is not None:
