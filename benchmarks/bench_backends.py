@@ -34,7 +34,9 @@ from typing import Any
 
 from jdist.kernel.cluster import ClusterSession
 from jdist.options import ClusterConfig
-from jdist.plugins import DEEPSPEED, HOROVOD
+from jdist.plugins import backend_spec
+
+DEEPSPEED, HOROVOD = backend_spec("deepspeed"), backend_spec("horovod")
 
 RANKS = 2
 LOOP = Path(__file__).with_name("deepspeed_plain.py")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_overhead import MARK, PLAIN_SCRIPT, SETUP_CELL, Kernel, machine, spread, step_summary, torchrun_cmd  # noqa: E402
+from bench_overhead import PLAIN_SCRIPT, SETUP_CELL, Kernel, machine, spread, step_summary, torchrun_cmd  # noqa: E402
 
 #: name -> (hidden width, batch): a launch-bound step and a compute-bound one (~3 ms on an H100).
 SIZES = {"small": (256, 64), "large": (4096, 2048)}

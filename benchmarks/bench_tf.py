@@ -34,7 +34,9 @@ from typing import Any
 from jdist.kernel.cluster import ClusterSession
 from jdist.kernel.launch.mpi import mpiexec_path
 from jdist.options import ClusterConfig
-from jdist.plugins import TF
+from jdist.plugins import backend_spec
+
+TF = backend_spec("tf")
 
 RANKS = 2
 LOOP = Path(__file__).with_name("tf_plain.py")

@@ -114,8 +114,8 @@ def jdist_sweeps(n: int, per_trial: int, trials: int, repeats: int,
                 if states != {"COMPLETE"} or len(study.trials) != trials:
                     sys.exit(f"the sweep did not complete every trial: {states}")
                 r["rank_gap_s"] += gaps(study)
-                r["kernel_dispatch_s"] += tune_mod._last.dispatch_s
-                r["phases"].append(tune_mod._last.phases)
+                r["kernel_dispatch_s"] += tune_mod.last().dispatch_s
+                r["phases"].append(tune_mod.last().phases)
                 r["trial_s"] += [t.user_attrs["t1"] - t.user_attrs["t0"] for t in study.trials]
     finally:
         cluster.stop()

@@ -12,7 +12,7 @@ The package runs in four places, and its layout says which (docs/architecture.md
 ``jdist.rank`` (the ranks: session, training, checkpoints, backends), ``jdist.server`` (the
 Jupyter server extension) and small pure modules any of them uses (``jdist.metrics``,
 ``jdist.protocol``, ``jdist.codec``, ``jdist.options``, ``jdist.plugins``, ``jdist.errors``,
-``jdist.stacks``, ``jdist.paths``, ``jdist.waiting``...).
+``jdist.common.stacks``, ``jdist.common.paths``, ``jdist.common.waiting``...).
 
 Public names, all flat on ``jdist``:
 

@@ -26,7 +26,8 @@ environment of the kernel and of the ranks), with one entry point:
     [project.entry-points."jdist.backends"]
     deepspeed = "my_pkg.specs:DEEPSPEED"     # BackendSpec("deepspeed", "my_pkg.backend:DeepSpeedBackend", ...)
 
-jdist's own plugins are registered the same way (pyproject.toml). :func:`option_table` is every
+jdist's own plugins are registered the same way (pyproject.toml; its backends' specs are in
+:mod:`jdist.backends`, beside nothing else: this module holds the types and the registry). :func:`option_table` is every
 ``%%distributed`` option: jdist's own (:mod:`jdist.options`) and each installed plugin's.
 
 Example:
@@ -47,8 +48,8 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
 
+from jdist.common.stacks import COLLECTIVE_PATHS
 from jdist.options import ClusterConfig, Option, OptionOwner, OptionTable, Scope
-from jdist.stacks import COLLECTIVE_PATHS
 
 BACKENDS_GROUP = "jdist.backends"
 LAUNCHERS_GROUP = "jdist.launchers"
@@ -203,86 +204,6 @@ class MetricSpec:
 
     def load(self) -> type:
         return load_object(self.factory)
-
-
-HOROVOD_INSTALL_HINT = (
-    "Horovod is not installed in this environment. Install it with `make horovod` from a jdist checkout "
-    "(runs tools/build_horovod.sh: builds Horovod 0.28.1 against your torch with MPI, 3-8 minutes once, "
-    "then cached), then %dist restart. Or pick --backend ddp or --backend fsdp."
-)
-
-DDP = BackendSpec("ddp", "jdist.rank.backends.ddp:DDPBackend", backward_waits=True, slots=True,
-                  help="PyTorch DistributedDataParallel (gradients all-reduced during backward)")
-FSDP = BackendSpec("fsdp", "jdist.rank.backends.fsdp:FSDPBackend", slots=True,
-                   help="PyTorch FSDP2 fully_shard (parameters, gradients and optimizer state sharded)")
-HOROVOD = BackendSpec("horovod", "jdist.rank.backends.horovod:HorovodBackend", requires=("horovod",),
-                      install_hint=HOROVOD_INSTALL_HINT,
-                      collective_paths=(*COLLECTIVE_PATHS, "/horovod/torch/mpi_ops.py", "/horovod/common/"),
-                      spins=True, releases=False,  # its collectives run over MPI: no socket of a group to break
-                      help="Horovod DistributedOptimizer over the ranks' MPI world")
-
-
-DEEPSPEED_INSTALL_HINT = (
-    "DeepSpeed is not installed in this environment: pip install 'jdist[deepspeed]' (DeepSpeed 0.19; `make test` "
-    "installs it), then %dist restart. Or pick --backend fsdp for sharded training."
-)
-ZERO = Option("zero", ("--zero",), "DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also "
-              "parameters (default 2). Engines prepared from then on use it.", Scope.LIVE, type=int,
-              choices=(1, 2, 3), metavar="1|2|3", applied_by="ranks", default=2,
-              message="ZeRO-{} for models prepared from now on (jdist.prepare).")
-OFFLOAD = Option("offload", ("--offload",), "DeepSpeed offload to host memory: none, optimizer (its state), or all "
-                 "(optimizer state and parameters; needs --zero 3). Engines prepared from then on use it.",
-                 Scope.LIVE, choices=("none", "optimizer", "all"), applied_by="ranks", default="none",
-                 message="offload {} for models prepared from now on (jdist.prepare).")
-
-
-def check_deepspeed(config: ClusterConfig) -> None:
-    """What DeepSpeed cannot run on jdist's ranks, as one line with the fix."""
-    zero, offload = int(config.get("zero", 2)), config.get("offload", "none")
-    if offload == "all" and zero != 3:
-        raise ValueError(f"--offload all moves parameters to host memory, which only ZeRO-3 partitions: give --zero 3, "
-                         f"or --offload optimizer with --zero {zero}.")
-    if config.precision == "fp16" and not config.gpus:
-        raise ValueError("--backend deepspeed runs fp16 (with its loss scaling) on GPU ranks only: on CPU ranks use "
-                         "--precision bf16, or start GPU ranks with --gpus N.")
-
-
-DEEPSPEED = BackendSpec("deepspeed", "jdist.rank.backends.deepspeed:DeepSpeedBackend", requires=("deepspeed",),
-                        install_hint=DEEPSPEED_INSTALL_HINT, backward_waits=True,
-                        collective_paths=(*COLLECTIVE_PATHS, "/deepspeed/comm/", "/deepspeed/runtime/zero/"),
-                        options=(ZERO, OFFLOAD), check=check_deepspeed, keeps_groups=("/deepspeed/",),
-                        help="DeepSpeed ZeRO engines (stage 1/2/3, optional offload) on jdist's process group")
-
-
-TF_INSTALL_HINT = (
-    "--framework tf needs TensorFlow and tf-keras: pip install 'jdist[tf]' and then "
-    "pip install --no-deps tf-keras==2.21.0 (`make test` does both; tf-keras's own requirement would pull "
-    "the full tensorflow wheel beside tensorflow-cpu)."
-)
-FRAMEWORK = Option("framework", ("--framework",), "tf: TensorFlow ranks (MultiWorkerMirroredStrategy as `strategy`, "
-                   "tf-keras as tf.keras, no torch imported); leave it out for PyTorch ranks.", Scope.RESTART,
-                   choices=("tf",), implies=True)
-
-
-def check_tf(config: ClusterConfig) -> None:
-    """What ``--framework tf`` cannot run, as one line with the fix."""
-    if config.gpus:
-        raise ValueError("--framework tf runs CPU ranks in this version (its GPU path is untested): use -n "
-                         f"{config.n} --framework tf.")
-    if config.precision != "fp32":
-        raise ValueError(f"--precision {config.precision} is torch's autocast; on --framework tf ranks set a Keras "
-                         "policy in a cell instead (tf.keras.mixed_precision.set_global_policy('mixed_bfloat16')) "
-                         "and leave --precision at fp32.")
-
-
-KERAS3_FIT = ("Keras 3's model.fit does not run under MultiWorkerMirroredStrategy (keras-team/keras#20585): "
-              "build the model with tf.keras (tf-keras on these ranks) instead of `import keras`, or train it "
-              "in a custom loop with strategy.run.")
-TF = BackendSpec("tf", "jdist.rank.backends.tf:TFBackend", requires=("tensorflow", "tf_keras"),
-                 install_hint=TF_INSTALL_HINT, collective_paths=(), options=(FRAMEWORK,), check=check_tf,
-                 framework="tf", preimport=(), releases=False, hints=(("with an unsupported type (<class 'tensorflow.python."
-                                                       "distribute.values.PerReplica'>)", KERAS3_FIT),),
-                 help="TensorFlow MultiWorkerMirroredStrategy (--framework tf): tf-keras model.fit or custom loops")
 
 
 def _load_specs(group: str, kind: type) -> dict[str, Any]:

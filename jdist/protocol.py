@@ -43,7 +43,7 @@ from typing import Any, Literal, TypedDict, Union
 PROTOCOL_VERSION = 4
 #: Key under which data messages travel in ipyparallel's ``data_pub``.
 DATA_KEY = "jdist"
-#: Key under which a remote rank's guard sends its sample (:class:`jdist.stacks.Sample` text) to
+#: Key under which a remote rank's guard sends its sample (:class:`jdist.common.stacks.Sample` text) to
 #: the kernel, as an IOPub data message whose parent id is :func:`sample_parent_id` (no request of
 #: the client: ipyparallel files it apart from every request).
 SAMPLE_KEY = "jdist-sample"

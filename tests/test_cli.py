@@ -23,8 +23,8 @@ from conftest import wait_for
 
 from jdist.cli import main, parser
 from jdist.cli.runs import title_of
+from jdist.common.procs import pid_alive
 from jdist.metrics import list_runs, read_run
-from jdist.procs import pid_alive
 
 pytestmark = pytest.mark.cluster
 

@@ -13,13 +13,13 @@ import pytest
 from conftest import wait_for
 from ipyparallel import interactive
 
+from jdist.common.procs import mpi_shm_segments
 from jdist.errors import ClusterError
 from jdist.kernel.cluster import ClusterSession
 from jdist.kernel.launch import local_mpi
 from jdist.kernel.launch.local_mpi import mpiexec_path
 from jdist.kernel.probes import probe, visible_gpus
 from jdist.options import ClusterConfig
-from jdist.procs import mpi_shm_segments
 
 
 @pytest.fixture(autouse=True)
@@ -222,7 +222,7 @@ def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
 def test_a_start_that_times_out_leaves_no_process_of_the_job(monkeypatch):
     # The ranks cannot register within 0.5 s: start() fails while they start (in MPI_Init or
     # registering). Every process noted under mpiexec must be gone after the failed start.
-    from jdist.procs import alive
+    from jdist.common.procs import alive
 
     noted = []
     stop = local_mpi.LocalMPILauncher.stop

@@ -12,7 +12,9 @@ import re
 
 import pytest
 
-from jdist.plugins import DEEPSPEED
+from jdist.plugins import backend_spec
+
+DEEPSPEED = backend_spec("deepspeed")
 
 pytestmark = pytest.mark.skipif(DEEPSPEED.unavailable() is not None,
                                 reason="DeepSpeed is not installed: pip install 'jdist[deepspeed]' (make test installs it)")

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from jdist.common.stacks import Progress, Sample
 from jdist.kernel.supervise.detectors import HangWatchdog, Release
-from jdist.stacks import Progress, Sample
 
 CELL = ("/tmp/ipykernel_7/1.py", 3, "<module>")
 IN_ALL_REDUCE = [("/x/torch/distributed/distributed_c10d.py", 2800, "all_reduce"), CELL]

@@ -119,7 +119,7 @@ def test_cpu_fsdp_ranks_on_a_gpu_machine(kernel):
 
 
 def _deepspeed_or_skip() -> None:
-    from jdist.plugins import DEEPSPEED
+    from jdist.backends.deepspeed import SPEC as DEEPSPEED
 
     if DEEPSPEED.unavailable():
         pytest.skip(DEEPSPEED.unavailable())

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 def train_func(config):
     import time
 
-    began = time.time()  # the worker's step clock starts here (jdist.raybridge.in_session)
+    began = time.time()  # the worker's step clock starts here (jdist.ray.bridge.in_session)
     import ray.train
     import torch
 
@@ -131,7 +131,7 @@ def test_a_failing_worker_is_a_rank_error_and_the_run_failed(local_ray):
     # the worker's traceback (Ray Train's text of it), from the user's frame on: without Ray's or jdist's
     tb = err.failed[1].traceback
     assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: bad batch on rank 1", tb
-    assert tb[1].endswith(", in train_func") and not any("raybridge" in line for line in tb), tb
+    assert tb[1].endswith(", in train_func") and not any("jdist/ray/bridge.py" in line for line in tb), tb
     assert '    raise ValueError("bad batch on rank 1")' in err._render_traceback_()  # as the notebook shows it
     run = jdist.last_run()
     assert run.status == "failed" and "bad batch" in run.error
@@ -147,7 +147,7 @@ def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkey
     import jdist
     import jdist.ray
     from jdist.metrics import read_run
-    from jdist.raybridge import REPORT_CELL
+    from jdist.ray.bridge import REPORT_CELL
 
     def interrupt_once_both_train():
         deadline = time.time() + 120

@@ -10,8 +10,8 @@ import sys
 
 from conftest import wait_for
 
+from jdist.common.procs import alive, identity
 from jdist.kernel import reaper
-from jdist.procs import alive, identity
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 #: A process that ignores SIGTERM (the reaper must SIGKILL it after TERM_WAIT_S).

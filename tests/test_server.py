@@ -25,9 +25,9 @@ import pytest
 from conftest import KernelSession, strip_ansi, wait_for
 from labserver import REPO, JupyterServerProcess
 
+from jdist.common.paths import clusters_dir
+from jdist.common.procs import identity
 from jdist.metrics import Run, RunLog
-from jdist.procs import identity
-from jdist.paths import clusters_dir
 from jdist.protocol import STATE_VERSION
 from jdist.server.manager import ActionError, JdistManager
 from jdist.server.registry import is_stale, read_folder
@@ -314,7 +314,7 @@ def test_manager_on_the_same_state_without_a_server(server, session):
         assert result["via"] == "ranks" and "SIGINT" in result["message"]
         out = session.collect(msg_id, timeout=60)
         assert out.error and out.error["ename"] == "KeyboardInterrupt"
-        assert "Interrupted" in strip_ansi(out.stderr)
+        assert "Interrupted" in strip_ansi(out.shown)
         listed = asyncio.run(manager.runs(limit=3))
         assert listed[0]["status"] == "interrupted" and listed[0]["cluster_id"] == c["cluster_id"]
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 import jdist
 from jdist.kernel import sinks
-from jdist.metrics import Run, budget, read_run
+from jdist.metrics import Run, budget
 from jdist.plugins import option_table, sink_specs
 
 

@@ -139,18 +139,3 @@ def test_syntax_error_reported_once_and_not_sent(cluster_kernel):
     out = cluster_kernel.run("%%distributed\nfor x in :\n    pass", allow_error=True)
     assert out.error is not None
     assert "not sent to the ranks" in out.traceback and out.traceback.count("SyntaxError") == 1
-
-
-def test_rank_death_is_reported_and_restart_recovers(cluster_kernel):
-    # A rank that exits takes the MPI job down: the rank and its exit status are named, with what to do.
-    out = cluster_kernel.run("%%distributed\nimport os, time\nif rank == 1:\n    os._exit(3)\ntime.sleep(600)",
-                             allow_error=True, timeout=300)
-    assert out.error["ename"] == "RankDied" and "rank 1 died: the process exited with code 3" in out.traceback
-    assert "%dist restart" in out.traceback
-    status = cluster_kernel.run("%dist status").stdout
-    assert status.count("dead") == 2
-    out = cluster_kernel.run("%%distributed\nx = 1", allow_error=True)
-    assert out.error["ename"] == "ClusterError" and len(out.shown.splitlines()) == 1
-    assert "are gone" in out.shown and "%dist restart" in out.shown
-    cluster_kernel.run("%dist restart --fresh")
-    assert cluster_kernel.run("%%distributed\nprint(world_size)").stdout.strip() == "2"

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import KernelSession
 
-from jdist.plugins import TF
+from jdist.plugins import backend_spec
+
+TF = backend_spec("tf")
 
 # TensorFlow's import costs this process 3 s: only the ranks need it, so it is looked for, not imported
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(TF.unavailable() is not None, reason=str(TF.unavailable()))]

@@ -7,13 +7,14 @@ communication timing, and checkpoint/resume across a cluster restart. Nothing is
 
 from __future__ import annotations
 
-
 import pytest
 from ipyparallel import interactive
 
 from jdist.kernel.cluster import ClusterSession
 from jdist.options import ClusterConfig
-from jdist.plugins import DEEPSPEED, HOROVOD
+from jdist.plugins import backend_spec
+
+DEEPSPEED, HOROVOD = backend_spec("deepspeed"), backend_spec("horovod")
 
 BACKENDS = {
     "ddp": "ddp",

@@ -1,4 +1,4 @@
-"""``jdist.tune`` (jdist/kernel/tune.py, jdist/rank/tune.py): a real Optuna study driven from a real
+"""``jdist.tune`` (jdist/kernel/tune/, jdist/rank/tune.py): a real Optuna study driven from a real
 kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups), one cluster for the module."""
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ def faulty(trial):
         raise ValueError("boom in trial two")
     if x == 3 and dist.get_rank() == 1:
         time.sleep(600)                           # a hang: rank 0 waits in the all_reduce below
+    if x == 7:
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)                    # its partner never calls it: a hang the watchdog proves
+        return 7.0
     dist.all_reduce(t)
     return float(x)
 
@@ -185,14 +189,16 @@ def test_code_written_for_torch_distributed_trial_runs_unchanged(tk):
 def test_a_signal_or_stop_meant_for_the_trial_before_does_not_reach_the_next(tk):
     out = tk.run("jdist.tune('stale', trials=6, per_trial=2, show=False)")
     assert "6 complete" in out.stdout, out.stdout
-    assert tk.value("[t.value for t in jdist.kernel.tune._last.study.trials]") == [2.0] * 6
+    assert tk.value("[t.value for t in jdist.kernel.tune.last().study.trials]") == [2.0] * 6
 
 
 def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_on(tk):
-    tk.run("fstudy = optuna.create_study()\nfor x in (1, 2, 3, 4, 5, 6):\n    fstudy.enqueue_trial({'x': x})")
+    tk.run("fstudy = optuna.create_study()\nfor x in (1, 2, 3, 4, 5, 6, 7):\n    fstudy.enqueue_trial({'x': x})")
+    tk.run("%%distributed --watchdog 2\npass")  # the cells' hang watchdog runs inside each trial too
     t0 = time.monotonic()
-    out = tk.run("jdist.tune('faulty', trials=6, per_trial=2, study=fstudy, trial_timeout=4)", timeout=120)
-    assert "4 complete, 2 fail" in out.stdout, out.stdout
+    out = tk.run("jdist.tune('faulty', trials=7, per_trial=2, study=fstudy, trial_timeout=4)", timeout=120)
+    tk.run("%%distributed --watchdog 30\npass")
+    assert "4 complete, 3 fail" in out.stdout, out.stdout
     rows = {n: (s, e) for n, s, e in tk.value(
         "[(t.number, t.state.name, t.user_attrs.get('jdist_error')) for t in fstudy.trials]")}
     by_x = dict(tk.value("[(t.params['x'], t.number) for t in fstudy.trials]"))
@@ -201,6 +207,10 @@ def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_
     state, error = rows[by_x[3]]
     assert state == "FAIL" and error.startswith("timed out after 4 s: "), error
     assert "waiting in all_reduce (cell line" in error and "running cell line" in error  # where each rank was
+    state, error = rows[by_x[7]]  # rank 1 sleeping above is no hang; here every running rank waits: a hang
+    assert state == "FAIL" and re.fullmatch(r"hung: no progress for 2 s and every rank of its slot waits in a "
+                                            r"collective \(--watchdog\): rank [02] waiting in all_reduce \(cell line "
+                                            r"\d+\)", error), error
     assert all(rows[by_x[x]][0] == "COMPLETE" for x in (1, 4, 5, 6))
     assert "boom in trial two" in tk.value(f"fstudy.trials[{by_x[2]}].user_attrs['jdist_traceback']")
     assert time.monotonic() - t0 < 60
@@ -224,9 +234,9 @@ def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_
     assert out.error["ename"] == "SweepStopped" and len(out.traceback.splitlines()) == 1, out.traceback
     assert "jdist.tune(..., resume=True)" in out.error["evalue"]
     [(state, error)] = tk.value("[(t.state.name, t.user_attrs['jdist_error']) "
-                                "for t in jdist.kernel.tune._last.study.trials]")
+                                "for t in jdist.kernel.tune.last().study.trials]")
     assert state == "FAIL" and error.startswith("timed out after 1 s, and it did not stop within 2 s: rank 0 running")
-    sweep = json.loads((Path(tk.value("str(jdist.kernel.tune._last.folder)")) / "sweep.json").read_text())
+    sweep = json.loads((Path(tk.value("str(jdist.kernel.tune.last().folder)")) / "sweep.json").read_text())
     assert sweep["status"] == "stopped"
     out = tk.run("%%distributed --interrupt-grace 10\nt = torch.ones(1); dist.all_reduce(t)\n"
                  "print(dist.get_world_size(), float(t))")
@@ -258,7 +268,7 @@ def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, ke
     interrupted = tk.value("sum(bool(t.user_attrs.get('jdist_interrupted')) for t in study.trials)")
     assert tk.value("[t.state.name for t in study.trials if t.user_attrs.get('jdist_interrupted')]") == ["FAIL"] * interrupted
     # a trial left RUNNING in the journal (as by a kernel that died mid-trial) counts as interrupted on resume
-    tk.run("left = study.ask(); jdist.kernel.tune._last.journal.flush()")
+    tk.run("left = study.ask(); jdist.kernel.tune.last().journal.flush()")
     out = tk.run("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable', resume=True)")
     assert "Sweep done" in out.stdout, out.stdout
     assert tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)") == 40
@@ -336,7 +346,7 @@ def test_a_rank_that_cannot_form_its_slot_stops_the_sweep_with_why_and_the_world
     out = tk.run("jdist.tune('slow', trials=4, per_trial=2, name='refused')", allow_error=True, timeout=120)
     assert out.error and "the slots could not be formed" in out.error["evalue"], out.shown
     assert "rank 1: its slots are already set up" in out.error["evalue"] and "Sweep stopped" in out.stdout
-    assert tk.value("[t.user_attrs.get('jdist_interrupted') for t in jdist.kernel.tune._last.study.trials]") \
+    assert tk.value("[t.user_attrs.get('jdist_interrupted') for t in jdist.kernel.tune.last().study.trials]") \
         in ([], [True], [True, True])
     tk.run("%%distributed\nif rank == 1:\n    _rt._slot = None")
     out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(dist.get_world_size(), float(t))")
@@ -368,5 +378,5 @@ def test_a_rank_that_dies_stops_the_sweep_with_one_line_and_keeps_the_trials(tk)
     assert out.error["ename"] == "RankLost", out.shown
     assert re.search(r"rank [13] died", out.error["evalue"]) and "jdist.tune(..., resume=True)" in out.error["evalue"]
     assert "killed by SIGKILL" in out.error["evalue"]
-    rows = tk.value("[(t.number, t.state.name) for t in jdist.kernel.tune._last.study.trials]")
+    rows = tk.value("[(t.number, t.state.name) for t in jdist.kernel.tune.last().study.trials]")
     assert (2, "FAIL") in rows and all(state in ("COMPLETE", "FAIL") for _, state in rows)

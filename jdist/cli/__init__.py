@@ -21,6 +21,7 @@ from typing import Sequence
 
 from .frontend import SCRIPT
 
+
 def _say(message: str) -> None:
     print(f"jdist: {message}", file=sys.stderr, flush=True)
 

@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any
 
-from jdist.paths import clusters_dir
-from jdist.procs import alive
+from jdist.common.paths import clusters_dir
+from jdist.common.procs import alive
 
 
 def live_clusters(runtime_dir: str | None = None) -> list[dict[str, Any]]:

@@ -296,8 +296,8 @@ def offer(cluster: Any, run: Run, minutes: float, say: Callable[[str], None]) ->
     import os
     import socket
 
+    from jdist.common.procs import identity
     from jdist.kernel.attach import ACCEPTED, OFFER
-    from jdist.procs import identity
 
     assert run.path is not None and cluster.work_dir is not None and cluster.state_file is not None
     if cluster.launcher is None or cluster.launcher.remote:

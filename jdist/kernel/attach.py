@@ -23,8 +23,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from jdist.common.procs import alive
 from jdist.metrics import list_runs
-from jdist.procs import alive
 
 from .cluster import ClusterSession
 

@@ -5,7 +5,7 @@ start the engines (local MPI by default), waits for them with progress feedback 
 ``setup`` on every rank (MPI rank, device, backend process group). It keeps the rank map, the
 set-up cells that ``%dist restart`` replays and the checkpoint it restores. Everything about
 rank processes (deaths, stacks) goes through the launcher. What ``%dist restart`` brings back is
-its :class:`~jdist.kernel.recovery.RecoveryLog` (``cluster.recovery``). One cluster per kernel:
+its :class:`~jdist.kernel.recoverylog.RecoveryLog` (``cluster.recovery``). One cluster per kernel:
 :func:`current`.
 
 Example:
@@ -31,18 +31,17 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jdist.controller import engine_states
+from jdist.common.controller import engine_states
+from jdist.common.stacks import Frame, Sample
+from jdist.common.waiting import poll_until
 from jdist.errors import ClusterError
 from jdist.options import ClusterConfig
 from jdist.plugins import launcher_class, option_table
-from jdist.protocol import PROTOCOL_VERSION, RankCall, RankInfo, SetupConfig
-from jdist.stacks import Frame, Sample
-from jdist.waiting import poll_until
+from jdist.protocol import PROTOCOL_VERSION, STATE_VERSION, ClusterState, RankCall, RankEntry, RankInfo, SetupConfig
 
 from . import statefile
 from .launch import RankDeath, RankLauncher, ipcontroller
-from .recovery import RecoveryLog
-
+from .recoverylog import RecoveryLog
 
 #: How often the controller pings each engine (ms). It registers an engine when it first hears its
 #: heart, so ipyparallel's default of 3000 ms kept every start waiting about 4 s longer (measured:
@@ -141,7 +140,7 @@ class ClusterSession:
             self.stop()
             raise
         self.started_at = time.time()
-        self.state_file = statefile.write(self)  # lets the Jupyter server list this cluster; best effort
+        self.state_file = statefile.write(self.state())  # lets the Jupyter server list this cluster; best effort
         kinds = sorted({r["device"] for r in self.ranks})
         say(
             f"Ready: {n} rank(s), backend {self.backend_label()}, device(s) {', '.join(kinds)} "
@@ -197,7 +196,7 @@ class ClusterSession:
             )
 
     def _setup_ranks(self) -> None:
-        from jdist.procs import identity
+        from jdist.common.procs import identity
 
         assert self.launcher is not None
         engines = list(self.client.ids)
@@ -270,6 +269,9 @@ class ClusterSession:
         if client is not None and busy:
             try:  # through the controller (each engine's nanny): also ranks on other hosts
                 client.send_signal(signal.SIGKILL, block=True)
+                # mpiexec notices its killed ranks only ~2 s later (measured): end it once they are gone
+                if launcher is not None and launcher.wait_ended(n_ranks, EXIT_WAIT_S):
+                    launcher.ranks_ended()
             except Exception:
                 pass  # mpiexec's SIGTERM, then SIGKILL after 5 s, below
         if client is not None:
@@ -339,7 +341,7 @@ class ClusterSession:
             raise
         atexit.register(self.stop)
         self.started_at = state.get("started_at") or time.time()
-        self.state_file = statefile.write(self)
+        self.state_file = statefile.write(self.state())
         return self
 
     def set_paused(self, rank: int, paused: bool) -> None:
@@ -347,7 +349,7 @@ class ClusterSession:
         before = set(self.paused)
         (self.paused.add if paused else self.paused.discard)(rank)
         if self.paused != before and self.state_file is not None:
-            self.state_file = statefile.write(self)
+            self.state_file = statefile.write(self.state())
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""
@@ -463,7 +465,7 @@ class ClusterSession:
         return self.launcher.stacks(wanted, timeout)
 
     def samples(self, ranks: Sequence[int] | None = None, timeout: float = 1.0) -> dict[int, Sample]:
-        """Each rank's stack and progress counters (:class:`jdist.stacks.Sample`; the hang watchdog)."""
+        """Each rank's stack and progress counters (:class:`jdist.common.stacks.Sample`; the hang watchdog)."""
         self._require()
         assert self.launcher is not None
         wanted = [info for info in self.ranks if ranks is None or info["rank"] in ranks]
@@ -477,6 +479,33 @@ class ClusterSession:
         """Which rank died first and why (it takes the others down: MPI ends the whole job)."""
         assert self.launcher is not None
         return self.launcher.death(dead)
+
+    def state(self) -> ClusterState:
+        """What the state file says of this started cluster, for the Jupyter server (:mod:`jdist.kernel.statefile`)."""
+        from jdist import __version__
+        from jdist.common.procs import identity
+        from jdist.metrics import default_run_dir
+
+        ipp = self.ipp
+        return ClusterState(
+            version=STATE_VERSION,
+            jdist=__version__,
+            cluster_id=ipp.cluster_id,
+            host=socket.gethostname(),
+            launcher=self.config.launcher,
+            kernel=statefile.kernel_identity(),
+            python=sys.executable,
+            controller=identity(ipp.controller.process.pid),
+            client_file=str(ipp.controller.connection_files["client"]),
+            cluster_file=str(ipp.cluster_file),
+            config=self.config.as_dict(),
+            options=option_table().describe(self.config),  # type: ignore[typeddict-item]
+            ranks=[RankEntry(**info, engine_id=self.engine_of(info["rank"])) for info in self.ranks],
+            started_at=self.started_at or time.time(),
+            written_at=time.time(),
+            run_dir=str(default_run_dir()),
+            paused=sorted(self.paused),
+        )
 
     def status(self) -> dict[str, Any]:
         """Config, uptime and per-rank info with ``state`` busy/idle/dead (from the controller)."""

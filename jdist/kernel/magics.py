@@ -17,10 +17,10 @@ from typing import Any, Callable
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from jdist.common.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
 from jdist.errors import remote_errors, usage_error
 from jdist.options import CellOptions, OptionTable
 from jdist.plugins import backend_spec, option_table
-from jdist.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
 
 from . import cluster as cl
 from . import recovery, sinks

@@ -2,7 +2,7 @@
 
 No ``%%distributed`` cluster is involved: Ray starts its own workers (locally with ``ray.init``, or
 on the Ray cluster at ``address``, e.g. KubeRay). ``fit`` adds two callbacks to the trainer
-(:mod:`jdist.raybridge`) and one Ray queue per run, runs ``trainer.fit()`` on a thread of the kernel
+(:mod:`jdist.ray.bridge`) and one Ray queue per run, runs ``trainer.fit()`` on a thread of the kernel
 and, on the kernel's main thread (widgets are drawn there), moves what the queue brings into the
 run: every worker's ``jdist.log`` records and automatic metrics, and the numbers each worker passed
 to ``ray.train.report``. The run goes to the kernel's runs (``jdist.last_run()``), the run log and
@@ -91,11 +91,11 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
     ray = need("ray", "jdist.ray", "ray")
     from ray.util.queue import Queue
 
-    from jdist.raybridge import Reports, WorkerHooks, in_session
+    from jdist.ray.bridge import Reports, WorkerHooks, in_session
 
     os.environ.setdefault(HEALTH_CHECK_VAR, HEALTH_CHECK_S)  # read by the controller when fit starts
     if not ray.is_initialized():
-        local = {} if address else {"runtime_env": {"worker_process_setup_hook": "jdist.raybridge.without_state_api"}}
+        local = {} if address else {"runtime_env": {"worker_process_setup_hook": "jdist.ray.bridge.without_state_api"}}
         ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True, **local)
     scaling = trainer.scaling_config
     world = int(scaling.num_workers or 1)
@@ -203,7 +203,7 @@ class _Driver:
             elif kind == "at":
                 self.report_steps.setdefault(item[1], []).append(item[2])
             elif kind == "report":
-                from jdist.raybridge import report_records
+                from jdist.ray.bridge import report_records
 
                 index = item[1]
                 at = [steps[index] if index < len(steps := self.report_steps.get(r, [])) else None
@@ -219,8 +219,8 @@ class _Driver:
 #: ``[Rank 0,1 Error Snippet]:`` and then the first one's traceback, beyond 1000 characters its first and
 #: last 500 (``ray/train/v2/_internal/execution/worker_group/poll.py``, Ray 2.60).
 SNIPPET = re.compile(r"^\[Rank (\d+)[\d,]* Error Snippet\]:\n", re.M)
-#: A frame of :func:`jdist.raybridge.in_session`, between Ray's and the user's in every worker's traceback.
-WRAPPER_FRAME = re.compile(r'^  File ".*raybridge\.py", line \d+, in jdist_train_loop$')
+#: A frame of :func:`jdist.ray.bridge.in_session`, between Ray's and the user's in every worker's traceback.
+WRAPPER_FRAME = re.compile(r'^  File ".*jdist/ray/bridge\.py", line \d+, in jdist_train_loop$')
 
 
 def _rank_error(error: BaseException, world: int) -> RankError | None:
@@ -242,7 +242,7 @@ def _tracebacks(message: str) -> dict[int, tuple[str, ...]]:
     """The tracebacks in a ``WorkerGroupError``'s message, by the rank whose they are (:data:`SNIPPET`),
     without jdist's frame.
 
-    >>> tb = ('Traceback (most recent call last):\\n  File "/x/jdist/raybridge.py", line 9, in jdist_train_loop\\n'
+    >>> tb = ('Traceback (most recent call last):\\n  File "/x/jdist/ray/bridge.py", line 9, in jdist_train_loop\\n'
     ...       '    return train_loop(*config)\\n           ^^^^^^^^^^^^^^^^^^^\\n'
     ...       '  File "/y/train.py", line 3, in train_func\\n    1 / 0\\nZeroDivisionError: division by zero\\n')
     >>> for line in _tracebacks("Training failed due to worker errors:\\n[Rank 1,3 Error Snippet]:\\n" + tb)[1]:

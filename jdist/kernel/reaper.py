@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jdist.procs import alive, identity
-from jdist.waiting import poll_until
+from jdist.common.procs import alive, identity
+from jdist.common.waiting import poll_until
 
 #: How long the listed processes get after SIGTERM before SIGKILL.
 TERM_WAIT_S = 3.0

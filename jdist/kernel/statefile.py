@@ -4,7 +4,9 @@ When a cluster starts, the kernel writes one JSON file (:class:`jdist.protocol.C
 ``<jupyter runtime dir>/jdist/clusters/<cluster id>.json`` with mode 0600 (it names the
 controller's connection file), next to the kernel's own connection file, i.e. into the runtime
 dir of the server that started the kernel. It is removed when the cluster stops and when the
-kernel exits. The server extension reads these files (:mod:`jdist.server.registry`).
+kernel exits. The server extension reads these files (:mod:`jdist.server.registry`). This module knows
+the file, not the cluster: what goes in it is :meth:`ClusterSession.state
+<jdist.kernel.cluster.ClusterSession.state>`.
 """
 
 from __future__ import annotations
@@ -14,20 +16,13 @@ import json
 import logging
 import os
 import re
-import socket
-import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from jupyter_core.paths import secure_write
 
-from jdist.paths import clusters_dir
-from jdist.procs import identity
-from jdist.protocol import STATE_VERSION, ClusterState, KernelIdentity, RankEntry
-
-if TYPE_CHECKING:
-    from .cluster import ClusterSession
+from jdist.common.paths import clusters_dir
+from jdist.common.procs import identity
+from jdist.protocol import ClusterState, KernelIdentity
 
 log = logging.getLogger(__name__)
 
@@ -59,38 +54,9 @@ def kernel_identity() -> KernelIdentity:
     return ident
 
 
-def state_of(cluster: ClusterSession) -> ClusterState:
-    """The state file contents for a started cluster."""
-    from jdist import __version__
-    from jdist.metrics import default_run_dir
-
-    from jdist.plugins import option_table
-
-    ipp = cluster.ipp
-    controller = ipp.controller.process
-    return ClusterState(
-        version=STATE_VERSION,
-        jdist=__version__,
-        cluster_id=ipp.cluster_id,
-        host=socket.gethostname(),
-        launcher=cluster.config.launcher,
-        kernel=kernel_identity(),
-        python=sys.executable,
-        controller=identity(controller.pid),
-        client_file=str(ipp.controller.connection_files["client"]),
-        cluster_file=str(ipp.cluster_file),
-        config=cluster.config.as_dict(),
-        options=option_table().describe(cluster.config),  # type: ignore[typeddict-item]
-        ranks=[RankEntry(**info, engine_id=cluster.engine_of(info["rank"])) for info in cluster.ranks],
-        started_at=cluster.started_at or time.time(),
-        written_at=time.time(),
-        run_dir=str(default_run_dir()),
-        paused=sorted(cluster.paused),
-    )
-
-
-def write(cluster: ClusterSession, runtime_dir: str | os.PathLike | None = None) -> Path | None:
-    """Write the state file of ``cluster`` (atomically, mode 0600); None if that failed.
+def write(data: ClusterState, runtime_dir: str | os.PathLike | None = None) -> Path | None:
+    """Write a cluster's state file (``data``: :meth:`ClusterSession.state
+    <jdist.kernel.cluster.ClusterSession.state>`; atomically, mode 0600); None if that failed.
 
     Best effort: a cluster works without it (it is then not listed by the server extension).
     """
@@ -100,7 +66,6 @@ def write(cluster: ClusterSession, runtime_dir: str | os.PathLike | None = None)
             runtime_dir = Path(conn).parent if conn else None
         folder = clusters_dir(runtime_dir)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = state_of(cluster)
         path = folder / f"{data['cluster_id']}.json"
         tmp = folder / f".{data['cluster_id']}.json.tmp"
         with secure_write(str(tmp)) as fh:  # 0600 (Jupyter's own way); renamed whole: readers never see half

@@ -7,7 +7,7 @@ functions of :mod:`jdist.rank.rpc` by name (:class:`jdist.protocol.RankCall`).
 - :mod:`~jdist.rank.training`, :mod:`~jdist.rank.checkpoint`, :mod:`~jdist.rank.data`: training helpers;
 - :mod:`~jdist.rank.stream`, :mod:`~jdist.rank.sources`, :mod:`~jdist.rank.channel`: the records to the kernel;
 - :mod:`~jdist.rank.guard`: stack dumps and releasing blocked collectives;
-- :mod:`~jdist.rank.backends`: ddp, fsdp, horovod;
+- :mod:`~jdist.rank.backends`: ddp, fsdp, horovod, deepspeed, tf (each behind its spec's entry point);
 - :mod:`~jdist.rank.rpc`: what the kernel calls.
 """
 

@@ -82,7 +82,7 @@ def rendezvous_address(world: World, network: NetworkPlan | None) -> str:
     """Rank 0 chooses the address of its host that the process group uses, and tells the others:
     ``--ip`` if it is an address of rank 0's host, else ``--iface``'s address there, else the
     address its route to the kernel's host leaves from (never a loopback address)."""
-    from jdist.network import address_of, interface_of, is_loopback, route_source
+    from jdist.common.network import address_of, interface_of, is_loopback, route_source
 
     plan: dict[str, Any] = dict(network or {})
     addr, error = None, None
@@ -111,7 +111,7 @@ def rendezvous_address(world: World, network: NetworkPlan | None) -> str:
 def socket_interface(master_addr: str, iface: str | None, world: World) -> str:
     """Tell gloo and NCCL the interface of this host that reaches rank 0 (unless the user set them):
     ``--iface``, else the one the route to ``master_addr`` leaves from; never ``lo`` between hosts."""
-    from jdist.network import interface_of, route_source
+    from jdist.common.network import interface_of, route_source
 
     name = iface or interface_of(route_source(master_addr))
     if name is None or name == "lo":
@@ -262,7 +262,7 @@ def open_namespace(s: RankSession) -> None:
     if s.backend is not None:
         shell.user_ns.update(s.backend.namespace())
     install_exit(shell)
-    from . import debug
+    from .debug import relay as debug
 
     debug.install()  # breakpoint() / pdb.set_trace(): relayed to the notebook on the ranks chosen per cell
     for event, fn in (("pre_run_cell", _pre_cell), ("post_run_cell", _post_cell)):
@@ -279,7 +279,7 @@ def _pre_cell(info: Any = None) -> None:
 
 
 def _post_cell(result: Any = None) -> None:
-    from . import debug
+    from .debug import relay as debug
     from .session import current
 
     error = getattr(result, "error_in_exec", None)

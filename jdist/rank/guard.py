@@ -6,7 +6,7 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
   on ``SIGUSR1``. It runs in the C signal handler, so it works while the rank is blocked
   inside a C++ collective, even with the GIL held; the kernel reads the file (``%dist stacks``,
   the stacks of ranks that would not stop).
-* **Samples.** On ``SIGUSR2`` the guard's thread writes a :class:`jdist.stacks.Sample`: the
+* **Samples.** On ``SIGUSR2`` the guard's thread writes a :class:`jdist.common.stacks.Sample`: the
   main thread's frames (read under the GIL, which a collective releases) and the rank's
   progress counters (process CPU time, the collectives its process group has started). The
   hang watchdog compares two samples to tell a blocked rank from a busy one. Reading frames
@@ -41,8 +41,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Callable
 
-from jdist.procs import open_files
-from jdist.stacks import (
+from jdist.common.procs import open_files
+from jdist.common.stacks import (
     COLLECTIVE_PATHS,
     SAMPLE_SIGNAL,
     STACKS_SIGNAL,
@@ -116,7 +116,7 @@ class Guard:
             self.broken = self.released_from = None
 
     def write_sample(self) -> None:
-        """Write this rank's :class:`~jdist.stacks.Sample` to its sample file (whole, by rename), or
+        """Write this rank's :class:`~jdist.common.stacks.Sample` to its sample file (whole, by rename), or
         send it (:meth:`install`'s ``report``)."""
         if self.report is not None:
             try:

@@ -42,7 +42,7 @@ def watch_owner(owner: Owner, stop_controller: bool, interval: float = 1.0) -> N
     """
     import psutil
 
-    from jdist.procs import alive, pid_alive
+    from jdist.common.procs import alive, pid_alive
 
     if owner["host"] != socket.gethostname():
         return  # the kernel runs on another machine: its PID means nothing here
@@ -85,7 +85,7 @@ def teardown(finalize_within: float = 2.0) -> None:
     """
     from mpi4py import MPI
 
-    from jdist.waiting import poll_until
+    from jdist.common.waiting import poll_until
 
     s = current()
     if s is not None:
@@ -119,7 +119,7 @@ def exit_process() -> None:
 def note_mpi_shm() -> None:
     """Tell the shell around this engine our MPI shared-memory segments (it removes them after we end,
     also after a SIGKILL; :data:`jdist.kernel.launch.mpi.REMOTE_WRAPPER`)."""
-    from jdist.procs import mpi_shm_segments
+    from jdist.common.procs import mpi_shm_segments
 
     note = os.environ.get("JDIST_SHM_NOTE")
     if note:
@@ -135,8 +135,8 @@ def terminated() -> None:
 
 def unlink_mpi_shm() -> None:
     """Remove the names of this job's MPICH shared-memory segments before exiting without
-    ``MPI_Finalize`` (see :func:`jdist.procs.mpi_shm_segments`); mappings stay valid."""
-    from jdist.procs import mpi_shm_segments
+    ``MPI_Finalize`` (see :func:`jdist.common.procs.mpi_shm_segments`); mappings stay valid."""
+    from jdist.common.procs import mpi_shm_segments
 
     for path in mpi_shm_segments([os.getpid()]):
         try:

@@ -137,49 +137,49 @@ def tune_leave() -> dict[str, Any]:
 
 
 def debug_failure() -> dict[str, Any] | None:
-    """When this rank's last failing cell failed, and with what (:func:`jdist.rank.debug.failure`)."""
-    from . import debug
+    """When this rank's last failing cell failed, and with what (:func:`jdist.rank.debug.relay.failure`)."""
+    from .debug import relay as debug
 
     return debug.failure()
 
 
 def debug_start() -> dict[str, Any]:
-    """Open a post-mortem on this rank's last failure (:func:`jdist.rank.debug.start`)."""
-    from . import debug
+    """Open a post-mortem on this rank's last failure (:func:`jdist.rank.debug.relay.start`)."""
+    from .debug import relay as debug
 
     return debug.start()
 
 
 def debug_command(line: str) -> dict[str, Any]:
-    """One pdb command in the open post-mortem (:func:`jdist.rank.debug.command`)."""
-    from . import debug
+    """One pdb command in the open post-mortem (:func:`jdist.rank.debug.relay.command`)."""
+    from .debug import relay as debug
 
     return debug.command(line)
 
 
 def debug_end() -> None:
-    """Close the post-mortem (:func:`jdist.rank.debug.end`)."""
-    from . import debug
+    """Close the post-mortem (:func:`jdist.rank.debug.relay.end`)."""
+    from .debug import relay as debug
 
     debug.end()
 
 
 def debug_arm(ranks: list[int] | None) -> None:
-    """``breakpoint()`` stops the cells that follow on ``ranks`` (None: on none) (:func:`jdist.rank.debug.arm`)."""
-    from . import debug
+    """``breakpoint()`` stops the cells that follow on ``ranks`` (None: on none) (:func:`jdist.rank.debug.relay.arm`)."""
+    from .debug import relay as debug
 
     debug.arm(ranks is not None and session().ctx.rank in ranks)
 
 
 def dap_start() -> dict[str, Any]:
-    """Start debugpy on this rank for the notebook's Debugger panel (:func:`jdist.rank.dap.start`)."""
-    from . import dap
+    """Start debugpy on this rank for the notebook's Debugger panel (:func:`jdist.rank.debug.dap.start`)."""
+    from .debug import dap
 
     return dap.start()
 
 
 def dap_cell(path: str | None) -> None:
-    """Name the next cell's code ``path``, as the notebook's debugger names the cell (:func:`jdist.rank.dap.cell`)."""
-    from . import dap
+    """Name the next cell's code ``path``, as the notebook's debugger names the cell (:func:`jdist.rank.debug.dap.cell`)."""
+    from .debug import dap
 
     dap.cell(path)

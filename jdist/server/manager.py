@@ -126,7 +126,7 @@ class JdistManager:
     async def _rank_states(self, data: ClusterState) -> tuple[dict[int, str] | None, str | None]:
         """Engine id -> busy/idle (dead when missing) and None; or None (unknown) or {} (all dead)
         with a description of the problem."""
-        from jdist.procs import alive
+        from jdist.common.procs import alive
 
         if not alive(data.get("controller")):
             return {}, "the cluster's controller process is gone"

@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from jdist.procs import alive
-from jdist.paths import clusters_dir
+from jdist.common.paths import clusters_dir
+from jdist.common.procs import alive
 from jdist.protocol import STATE_VERSION, ClusterState
 
 #: Seconds to wait for a controller (connect, queue status, signal).
@@ -65,7 +65,7 @@ class Controller:
         return self.client
 
     def engine_states(self) -> dict[int, str]:
-        from jdist.controller import engine_states
+        from jdist.common.controller import engine_states
 
         with self.lock:
             return engine_states(self._connect())

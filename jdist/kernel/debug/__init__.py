@@ -1,5 +1,5 @@
-"""Debugging ranks from the notebook (the kernel's side; the ranks' side is :mod:`jdist.rank.debug` and
-:mod:`jdist.rank.dap`):
+"""Debugging ranks from the notebook (the kernel's side; the ranks' side is :mod:`jdist.rank.debug.relay` and
+:mod:`jdist.rank.debug.dap`):
 
 - :mod:`~jdist.kernel.debug.hooks`: what a running cell does for the debuggers, as hooks the cell supervisor
   polls (:class:`~jdist.kernel.debug.hooks.PdbHook`: ``breakpoint()`` with a pdb prompt in the notebook;

@@ -7,7 +7,7 @@ runs on the ranks, not in the kernel, so :class:`DapBridge` sits in front of ipy
 * ``dumpCell`` of a ``%%distributed`` cell is remembered; its gutter breakpoints (``setBreakpoints``) are
   kept here, not given to the kernel's debugpy, and sent to the ranks the cell stops on;
 * before such a cell runs, :meth:`DapBridge.prepare` starts debugpy on those ranks (once per rank
-  process, :mod:`jdist.rank.dap`), gives them the breakpoints and names the cell's code as the panel
+  process, :mod:`jdist.rank.debug.dap`), gives them the breakpoints and names the cell's code as the panel
   names the cell (its file, its line numbers), so a breakpoint on line 3 of the cell stops there;
 * a rank's ``stopped`` / ``continued`` events reach the panel with the rank's ids renumbered
   (``(rank + 1) * 2**32 + id``), and the panel's requests for those ids (``stackTrace``, ``scopes``,

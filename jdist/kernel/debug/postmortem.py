@@ -1,7 +1,7 @@
 """``%dist debug``: a post-mortem on the ranks, driven from the notebook's input box.
 
 After a ``%%distributed`` cell failed (``RankError``), each rank keeps its last failure's traceback
-(:mod:`jdist.rank.debug`). :func:`post_mortem` opens pdb on the rank that failed first (or on the
+(:mod:`jdist.rank.debug.relay`). :func:`post_mortem` opens pdb on the rank that failed first (or on the
 ranks given), then sends each line typed in the notebook to them and prints what pdb answers, each
 rank's answer labelled when there are several. Nothing runs on the ranks but pdb's inspection of
 finished frames: their state and the other ranks are untouched. The commands travel as ordinary

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from jdist.common.procs import popen_alive
+from jdist.common.stacks import Frame, Sample
+from jdist.common.waiting import poll_until
 from jdist.options import ClusterConfig, Option
-from jdist.procs import popen_alive
 from jdist.protocol import NetworkPlan, RankInfo
-from jdist.stacks import Frame, Sample
-from jdist.waiting import poll_until
 
 
 @dataclass(frozen=True)
@@ -169,11 +169,11 @@ class RankLauncher(ABC):
     def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
         """Each rank's main-thread stack (innermost first), also while it is blocked in C++ or
         holds the GIL; ranks that did not answer within ``timeout`` map to []. For people
-        (``%dist stacks``): not to be called often (:data:`jdist.stacks.STACKS_SIGNAL`)."""
+        (``%dist stacks``): not to be called often (:data:`jdist.common.stacks.STACKS_SIGNAL`)."""
 
     @abstractmethod
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
-        """Each rank's :class:`~jdist.stacks.Sample` from its guard thread (safe at any rate: the
+        """Each rank's :class:`~jdist.common.stacks.Sample` from its guard thread (safe at any rate: the
         hang watchdog); ranks that did not answer within ``timeout`` map to an empty Sample."""
 
     def wait_ended(self, ranks: int, timeout: float) -> bool:

@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from jdist.common.procs import alive, mpi_shm_segments, pid_alive
+from jdist.common.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
+from jdist.common.waiting import poll_until
 from jdist.plugins import backend_spec
-from jdist.procs import alive, mpi_shm_segments, pid_alive
 from jdist.protocol import ProcessIdentity, RankInfo
-from jdist.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
-from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
 from .mpi import ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path

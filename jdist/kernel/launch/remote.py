@@ -39,8 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from jdist.errors import ClusterError
-from jdist.network import (
+from jdist.common.network import (
     address_of,
     interface_of,
     interfaces,
@@ -48,12 +47,13 @@ from jdist.network import (
     resolve,
     route_source,
 )
+from jdist.common.procs import popen_alive
+from jdist.common.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
+from jdist.common.waiting import poll_until
+from jdist.errors import ClusterError
 from jdist.options import ClusterConfig, Option, Scope
 from jdist.plugins import backend_spec
-from jdist.procs import popen_alive
 from jdist.protocol import SAMPLE_KEY, NetworkPlan, RankInfo, sample_parent_id
-from jdist.stacks import SAMPLE_SIGNAL, Frame, Sample, parse_sample
-from jdist.waiting import poll_until
 
 from .api import RankDeath, RankLauncher
 from .mpi import cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from jdist.common.stacks import Sample, blocked, describe
 from jdist.plugins import backend_spec
-from jdist.stacks import Sample, blocked, describe
 
 from ..launch import RankDeath
 
@@ -81,13 +81,15 @@ class HangWatchdog:
     """A hang (``--watchdog``; 0: off): no progress (output, records, a rank finishing) for
     ``period`` seconds, and every running rank proven blocked in a collective.
 
-    The proof compares two samples of each rank (:class:`jdist.stacks.Sample`) half a period
+    The proof compares two samples of each rank (:class:`jdist.common.stacks.Sample`) half a period
     apart: the rank sat in the same collective all along, started no other, and used almost
-    no CPU (:func:`jdist.stacks.blocked`). A rank merely found inside a collective or a DDP
+    no CPU (:func:`jdist.common.stacks.blocked`). A rank merely found inside a collective or a DDP
     backward, as healthy training is most of the time, is never enough. Sampling starts once
     the cell has been quiet for half the period and goes on every ``spacing`` seconds while it
     stays quiet, so a hang is reported within ``period`` of its start (``period/2 + spacing``
-    when it starts late in a long quiet stretch).
+    when it starts late in a long quiet stretch). ``sup``: what is watched, a cell's supervisor or a sweep's
+    trial (:class:`jdist.kernel.tune.TrialRun`): anything with ``releasing``, ``last_progress``, ``view``
+    (the ranks still running) and ``cluster``.
     """
 
     def __init__(self, period: float):

@@ -17,6 +17,7 @@ from jdist.options import NOTEBOOK, Frontend
 from ..launch import RankDeath
 from .outcome import CellStatus, Observations, Outcome
 
+
 @dataclass
 class CellResult:
     """What happened to one cell: its observations, outcome and run (None if nothing was logged)."""

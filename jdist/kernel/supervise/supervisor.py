@@ -28,18 +28,18 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from jdist.common.stacks import summary
 from jdist.errors import RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
 from jdist.plugins import backend_spec
 from jdist.protocol import parse_message
-from jdist.stacks import summary
 
+from .collect import RecordCollector
 from .detectors import Detector, EndGrace, Release, Stop, default_detectors
+from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
-from .collect import RecordCollector
-from .hooks import CellHook
 from .report import CellResult
 from .view import IppCellView, Message
 

@@ -13,7 +13,7 @@ when it returns. Overlapping intervals count once, as for DDP.
 
 Horovod is an optional extra (its last release builds only with extra flags); install
 it with ``make horovod`` (``tools/build_horovod.sh``). The kernel checks that it is installed
-before any rank starts (``jdist.plugins.HOROVOD``).
+before any rank starts (``jdist.backends.horovod.SPEC``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import sys
 import time
 from typing import Any
 
-from jdist.plugins import HOROVOD_INSTALL_HINT
+from jdist.backends.horovod import INSTALL_HINT as HOROVOD_INSTALL_HINT
 
-from .torch_group import TorchBackend
 from .base import CommTimer, RankContext
+from .torch_group import TorchBackend
 
 #: Option names accepted by ``jdist.prepare(...)`` for the optimizer under ``--backend horovod``.
 OPTIMIZER_OPTIONS = ("compression", "op", "gradient_predivide_factor")

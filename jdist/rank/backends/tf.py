@@ -53,7 +53,7 @@ def worker_address(ctx: RankContext) -> str:
     address this host's route to rank 0 leaves from."""
     if ctx.single_host:
         return "127.0.0.1"
-    from jdist.network import route_source
+    from jdist.common.network import route_source
 
     return ctx.master_addr if ctx.rank == 0 else route_source(ctx.master_addr)
 

@@ -1,6 +1,6 @@
-"""A Ray Train worker's jdist session (for ``jdist.ray.fit``, :mod:`jdist.raybridge`).
+"""A Ray Train worker's jdist session (for ``jdist.ray.fit``, :mod:`jdist.ray.bridge`).
 
-Opened on ``train_func``'s first line (:func:`jdist.raybridge.in_session`): rank,
+Opened on ``train_func``'s first line (:func:`jdist.ray.bridge.in_session`): rank,
 world size and local rank come from ``ray.train.get_context()``; the records of ``jdist.log``
 (and the automatic metrics: step time, memory) travel to the kernel through the run's Ray queue,
 sent by the session's publisher thread every 0.25 s. Closed when ``train_func`` returns or raises

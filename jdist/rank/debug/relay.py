@@ -37,7 +37,7 @@ from typing import Any
 
 from jdist.protocol import DEBUG_REPLY, PROTOCOL_VERSION, DebugMessage
 
-from .channel import on_control
+from ..channel import on_control
 
 #: pdb commands that would run code on a finished traceback (stepping, jumping): refused, with why.
 STEPPING = {"n", "next", "s", "step", "r", "return", "unt", "until", "j", "jump", "restart", "run"}
@@ -177,7 +177,7 @@ _told_cell: int | None = None
 
 def _skipped() -> None:
     global _told_cell
-    from .session import current
+    from ..session import current
 
     s = current()
     cell = s.stream.cell if s is not None else None
@@ -202,7 +202,7 @@ class _Relay:
 
     def readline(self) -> str:
         global _seq
-        from .session import session
+        from ..session import session
 
         s = session()
         text = self.buffer.getvalue()
@@ -224,7 +224,7 @@ class _Relay:
 class RelayPdb(pdb.Pdb):
     """A pdb on a rank, driven from the notebook (see the module doc). It stops only in the user's code:
     never in the engine's machinery (IPython, ipykernel, jdist, the standard library:
-    :func:`jdist.rank.dap.hidden_paths`, as the Debugger panel's), so stepping past a statement of the
+    :func:`jdist.rank.debug.dap.hidden_paths`, as the Debugger panel's), so stepping past a statement of the
     cell goes on to the next one (IPython runs each as its own code object) and stepping past the last
     one ends the pause (:func:`cell_ended` then lets go of the rank)."""
 

@@ -1,66 +1,41 @@
-"""``jdist.tune``: a hyper-parameter sweep driven from the notebook, trials on slots of the ranks.
-
-The kernel owns an Optuna study, in memory and mirrored to its journal file in the sweep's folder in
-Optuna's own format (:mod:`jdist.kernel.journal`; ``sweep.json`` and ``view.html`` there are for the
-sidebar). The running cluster's ranks are tiled into slots of ``per_trial`` ranks, each slot its own
-torch default group while the sweep runs (:mod:`jdist.rank.tune`). Every free slot gets the next trial at once
-(no barrier across slots); ``jdist.log`` of the sweep's ``metric`` and ``trial.report`` feed the
-pruner; a trial that raises, hangs past ``trial_timeout`` or is interrupted is told FAIL with its
-rank's traceback and its slot repaired; Ctrl-C stops the sweep and keeps every finished trial,
-and ``resume=True`` goes on where it stopped.
-
-In the notebook::
-
-    %%distributed -n 4
-    def objective(trial):
-        lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)
-        ...
-        return val_loss
-
-    study = jdist.tune("objective", trials=32, per_trial=2, metric="val_loss", pruner="asha")
-    study.best_params, jdist.last_sweep()
-"""
+"""A sweep's loop: every free slot gets the next trial, each trial watched (failures, ``trial_timeout``, the
+hang watchdog), told to Optuna once its last messages are in, and the end that gives the world group back
+or restarts the ranks (see :mod:`jdist.kernel.tune`)."""
 
 from __future__ import annotations
 
 import collections
-import html
-import json
-import math
 import queue
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from jdist.errors import (ClusterError, OneLineError, RankFailure, first_failure, remote_errors, strip_ansi,
-                          usage_error)
-from jdist.metrics import default_run_dir
-from jdist.plugins import backend_spec, backend_specs
-from jdist.protocol import FOLDER_NAME, TUNE_REPLY, RankCall
+from jdist.errors import ClusterError, OneLineError, RankFailure, first_failure, remote_errors, strip_ansi
+from jdist.protocol import TUNE_REPLY, RankCall
 
-from . import cluster as cl
-from .sinks import RunLogSink
-from .supervise.collect import RecordCollector
-from .supervise.view import IppCellView
+from ..sinks import RunLogSink
+from ..supervise.collect import RecordCollector
+from ..supervise.detectors import HangWatchdog, Release
+from ..supervise.view import IppCellView
+from .requests import answer, as_request
+from .view import SweepView
 
 TUNE_INSTALL_HINT = "jdist.tune needs Optuna: pip install 'jdist[tune]' (or pip install optuna)."
-#: Names accepted by ``pruner=`` (or pass an Optuna pruner).
-PRUNERS = ("asha", "median", "hyperband", "none")
-#: Trials in the view's table (the running ones first, then the newest) and curves drawn.
-TABLE_ROWS = 40
-CURVES = 30
+
+
 #: Failed trials listed under the sweep's last line (all of them: ``jdist.last_sweep()``).
 FAILED_SHOWN = 5
+
+
 #: Trials are queued ahead on each slot while the median trial takes less than this (seconds).
 PREFETCH_BELOW_S = 10.0
+
+
 #: Seconds the other ranks of a trial get to raise TrialPruned after one did (SPMD code prunes on every rank)
 #: before they are released from the collective they may wait in.
 PRUNED_WAIT_S = 5.0
-
-_last: Sweep | None = None
 
 
 class RankLost(RuntimeError):
@@ -71,198 +46,13 @@ class SweepStopped(OneLineError):
     """A trial's ranks did not stop when told to: the ranks were restarted and the sweep stopped (one line)."""
 
 
-def tune(objective: str | Callable[[Any], Any], trials: int = 16, *, per_trial: int = 1, metric: str | None = None,
-         direction: str = "minimize", pruner: Any = None, sampler: Any = None, study: Any = None,
-         name: str | None = None, resume: bool = False, trial_timeout: float | None = None,
-         show: bool = True) -> Any:
-    """Run ``trials`` trials of ``objective`` on the running cluster's ranks, ``per_trial`` ranks each.
-
-    ``objective``: the name of a function defined on the ranks (in a ``%%distributed`` cell), or a
-    function defined in the notebook (sent to the ranks; its global names are the ranks'). It gets a
-    trial (``suggest_float/int/categorical``, ``report``, ``should_prune``) and returns the value.
-    ``metric``: a ``jdist.log`` name whose values (slot rank 0's) feed the pruner. ``pruner``:
-    "asha", "median", "hyperband", "none" or an Optuna pruner. ``study``: an Optuna study of your own
-    (its storage is then yours). ``resume``: go on with the sweep called ``name`` (default the newest),
-    up to ``trials`` trials in all. ``trial_timeout``: seconds after which a trial is stopped and
-    counted failed. Returns the ``optuna.Study``. Bad arguments raise one ``UsageError`` line before
-    anything starts.
-
-    >>> study = jdist.tune("objective", trials=8, per_trial=2, metric="val_loss")   # doctest: +SKIP
-    """
-    global _last
-    t0 = time.perf_counter()
-    optuna = _optuna()
-    cluster = _check_args(optuna, trials, per_trial, metric, direction, pruner, study, trial_timeout)
-    name = _sweep_name(name, resume, study)
-    objective_name = _objective_on_ranks(cluster, objective)
-    folder, study, journal, storage = _open_study(optuna, study, name, resume, direction, pruner, sampler)
-    sweep = Sweep(cluster, study, objective_name, per_trial, metric, trials, trial_timeout, folder, show)
-    sweep.journal, sweep.storage = journal, storage
-    sweep.phases["before_s"] = time.perf_counter() - t0
-    _last = sweep
-    sweep.run()
-    return study
-
-
-def _check_args(optuna: Any, trials: Any, per_trial: Any, metric: Any, direction: Any, pruner: Any, study: Any,
-                trial_timeout: Any) -> Any:
-    """The running cluster, once every argument that needs no round trip to the ranks is right; else one
-    ``UsageError`` line that names the fix (nothing has started yet)."""
-    cluster = cl.current()
-    if cluster is None or cluster.client is None:
-        raise usage_error("jdist.tune runs trials on a running cluster: start one with a %%distributed cell first "
-                          "(e.g. %%distributed -n 4 defining the objective).")
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise usage_error(f"trials={trials!r}: a sweep needs a whole number of trials, at least 1.")
-    n = cluster.config.n
-    if not isinstance(per_trial, int) or isinstance(per_trial, bool) or per_trial < 1 or n % per_trial:
-        raise usage_error(f"per_trial={per_trial!r} does not divide the {n} ranks into slots: use one of "
-                          f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)}.")
-    if metric is not None and not isinstance(metric, str):
-        raise usage_error(f"metric={metric!r}: pass the name of a jdist.log value (a str), or leave it out.")
-    if study is None and str(getattr(direction, "name", direction)).lower() not in ("minimize", "maximize"):
-        raise usage_error(f"direction={direction!r}: use 'minimize' or 'maximize'.")
-    if isinstance(pruner, str) and pruner not in PRUNERS or not (
-            pruner is None or isinstance(pruner, (str, optuna.pruners.BasePruner))):
-        raise usage_error(f"pruner={pruner!r}: use one of {', '.join(PRUNERS)}, or an Optuna pruner.")
-    if trial_timeout is not None and not (isinstance(trial_timeout, (int, float)) and trial_timeout > 0):
-        raise usage_error(f"trial_timeout={trial_timeout!r}: pass positive seconds, or None (no limit).")
-    if not backend_spec(cluster.config.backend).slots:
-        able = [name for name, spec in sorted(backend_specs().items()) if spec.slots]
-        raise usage_error(f"jdist.tune runs trials on slots of the ranks' group, which --backend "
-                          f"{cluster.config.backend} cannot form (backends that can: {', '.join(able)}). Start one "
-                          f"with %%distributed --backend {able[0]} --restart.")
-    problem = slots_across_hosts({info["rank"]: info["host"] for info in cluster.ranks}, per_trial)
-    if problem:
-        raise usage_error(problem)
-    return cluster
-
-
-def slots_across_hosts(hosts: dict[int, str], per_trial: int) -> str | None:
-    """Why slots of ``per_trial`` ranks cannot be formed on ranks placed on ``hosts`` (rank -> host): a slot
-    must be on one host (its group rendezvous on loopback). None if they can.
-
-    >>> slots_across_hosts({0: "a", 1: "a", 2: "b", 3: "b"}, 2) is None
-    True
-    >>> print(slots_across_hosts({0: "a", 1: "a", 2: "a", 3: "b", 4: "b", 5: "b"}, 2))
-    Slot 1 (ranks 2, 3) would span hosts a, b: a slot's ranks must share a host. Use per_trial=1 or 3.
-    """
-    n = len(hosts)
-    for start in range(0, n, per_trial):
-        ranks = list(range(start, start + per_trial))
-        where = sorted({hosts[r] for r in ranks})
-        if len(where) > 1:
-            fits = [k for k in range(1, n + 1) if n % k == 0
-                    and all(len({hosts[r] for r in range(i, i + k)}) == 1 for i in range(0, n, k))]
-            return (f"Slot {start // per_trial} (ranks {', '.join(map(str, ranks))}) would span hosts "
-                    f"{', '.join(where)}: a slot's ranks must share a host. Use per_trial="
-                    f"{' or '.join(map(str, fits))}.")
-    return None
-
-
-def last_sweep() -> Any:
-    """The newest sweep's trials as a pandas DataFrame (Optuna's ``trials_dataframe`` with each
-    trial's slot, ranks, error and run folder); None before any sweep in this kernel."""
-    return _last.dataframe() if _last is not None else None
-
-
-def _objective_on_ranks(cluster: Any, objective: str | Callable[[Any], Any]) -> str:
-    """The name of the objective in the ranks' namespace (a notebook function is sent there first)."""
-    if isinstance(objective, str):
-        missing = [r for r, ok in enumerate(cluster.call("has_function", objective)) if not ok]
-        if missing:
-            raise usage_error(f"jdist.tune: no function {objective!r} on rank(s) {missing}: define it in a "
-                              "%%distributed cell first.")
-        return objective
-    if not callable(objective):
-        raise usage_error("jdist.tune: objective must be a function of one trial, or the name of one on the ranks.")
-    cluster.push("_jdist_objective", objective)
-    return "_jdist_objective"
-
-
-def _optuna() -> Any:
+def optuna_module() -> Any:
     try:
         import optuna
     except ImportError:
         raise ImportError(TUNE_INSTALL_HINT) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # jdist's view says what each trial did
     return optuna
-
-
-def make_pruner(optuna: Any, pruner: Any) -> Any:
-    """An Optuna pruner from ``pruner=``: a name of :data:`PRUNERS`, None (none) or a pruner object."""
-    if pruner is None or pruner == "none":
-        return optuna.pruners.NopPruner()
-    if not isinstance(pruner, str):
-        return pruner
-    makers = {"asha": optuna.pruners.SuccessiveHalvingPruner, "median": optuna.pruners.MedianPruner,
-              "hyperband": optuna.pruners.HyperbandPruner}
-    if pruner not in makers:
-        raise ValueError(f"pruner={pruner!r}: use one of {', '.join(PRUNERS)}, or an Optuna pruner.")
-    return makers[pruner]()
-
-
-def sweeps_dir() -> Path:
-    """Where sweeps keep their folders: ``<run dir>/sweeps``."""
-    return default_run_dir() / "sweeps"
-
-
-def _sweep_name(name: str | None, resume: bool, study: Any) -> str | None:
-    """The sweep's folder name: ``name``, the newest sweep's (``resume`` without one) or a new one; a
-    ``UsageError`` line if it cannot be (nothing is created here). None for a study of the user's own."""
-    root = sweeps_dir()
-    if name is not None and (not isinstance(name, str) or not FOLDER_NAME.fullmatch(name) or name.startswith(".")):
-        raise usage_error(f"name={name!r}: a sweep's name is its folder's (and the sidebar's link): use letters, "
-                          "digits, '.', '_' and '-', not starting with '.'.")
-    if study is not None:
-        return None
-    if resume:
-        if name is None:
-            existing = sorted((p for p in root.glob("*") if (p / "journal.log").exists()),
-                              key=lambda p: p.stat().st_mtime) if root.exists() else []
-            if not existing:
-                raise usage_error(f"resume=True: no sweep in {root} to resume; start one without resume.")
-            return existing[-1].name
-        if not (root / name / "journal.log").exists():
-            raise usage_error(f"resume=True: no sweep called {name!r} in {root}; start it without resume.")
-        return name
-    if name is None:  # a new name: two sweeps started in the same second get -2, -3...
-        base = name = time.strftime("sweep-%Y%m%d-%H%M%S")
-        number = 1
-        while (root / name).exists():
-            number += 1
-            name = f"{base}-{number}"
-        return name
-    if (root / name / "journal.log").exists():
-        raise usage_error(f"A sweep called {name!r} exists in {root}: pass resume=True to go on with it, "
-                          "or another name.")
-    return name
-
-
-def _open_study(optuna: Any, study: Any, name: str | None, resume: bool, direction: str, pruner: Any,
-                sampler: Any) -> tuple[Path, Any, Any, Any]:
-    """The sweep's folder, study, mirrored journal and storage (``name`` from :func:`_sweep_name`; a study
-    of the user's own keeps its storage: no journal, no storage of jdist's)."""
-    from optuna.storages import JournalStorage
-
-    from .journal import MirroredJournal
-
-    root = sweeps_dir()
-    if study is not None:
-        folder = root / (re.sub(r"[^A-Za-z0-9_.-]", "_", study.study_name).lstrip(".") or "study")
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder, study, None, None
-    assert name is not None
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    journal = MirroredJournal(folder / "journal.log")
-    if journal.dropped_tail:
-        print(f"jdist.tune: the last line of {journal.path} was cut off (its writer stopped mid-line); it was "
-              "dropped, the lines before it are read.")
-    storage = JournalStorage(journal)
-    study = optuna.create_study(study_name=name, storage=storage, direction=direction,
-                                pruner=make_pruner(optuna, pruner), sampler=sampler, load_if_exists=resume)
-    return folder, study, journal, storage
 
 
 class _Wake:
@@ -296,6 +86,16 @@ class TrialRun:
     ended: float = 0.0
     decisions: dict[int, bool] = field(default_factory=dict)  # should_prune call number -> the answer
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+    #: The hang watchdog of a cell (--watchdog), on this trial's ranks: what it reads (below) is the trial's.
+    watchdog: HangWatchdog | None = None
+    cluster: Any = None
+    last_progress: float = field(default_factory=time.monotonic)  # a message of the trial, or a rank ending it
+    done_count: int = 0
+
+    @property
+    def releasing(self) -> bool:
+        """The sweep stopped it (the watchdog looks no more)."""
+        return self.stopped is not None
 
 
 class Sweep:
@@ -337,11 +137,11 @@ class Sweep:
         self.enter_error: str | None = None
         self.enter_refused = False
         # Parameters asked for with the trial (no round trip when the objective suggests them the same way)
-        self.space = _optuna().search_space.IntersectionSearchSpace()
+        self.space = optuna_module().search_space.IntersectionSearchSpace()
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        optuna = _optuna()
+        optuna = optuna_module()
         name = self.objective
         self._close_stale(optuna)
         self.t0 = t0 = time.perf_counter()
@@ -579,7 +379,9 @@ class Sweep:
         view = IppCellView(ar, ranks)
         view.on_each_done(self.wake.set)
         view.attach(inbox)
-        return TrialRun(slot, ranks, trial, view, inbox, records)
+        period = self.cluster.config.watchdog
+        return TrialRun(slot, ranks, trial, view, inbox, records, cluster=self.cluster,
+                        watchdog=HangWatchdog(period) if period else None)
 
     def _pump(self, tr: TrialRun) -> None:
         while True:
@@ -587,9 +389,11 @@ class Sweep:
                 rank, kind, content = tr.inbox.q.get_nowait()
             except queue.Empty:
                 return
+            if not (kind == "data" and content.get("kind") == "host"):  # (a host's load says nothing of the trial)
+                tr.last_progress = time.monotonic()
             if kind == "data":
                 if content.get("kind") == "tune":
-                    self._request(tr, rank, content)
+                    answer(self.cluster, tr, rank, content)
                     continue
                 tr.records.handle(rank, content)
                 if content.get("kind") in ("records", "cell_end") and self.metric:
@@ -604,48 +408,6 @@ class Sweep:
             if rec.get("rank") == 0 and isinstance(value, (int, float)) and isinstance(rec.get("step"), int):
                 tr.trial.report(float(value), rec["step"])
 
-    def _request(self, tr: TrialRun, rank: int, msg: dict[str, Any]) -> None:
-        op, payload = msg["op"], msg["payload"]
-        trial = tr.trial
-        reply: dict[str, Any] = {"trial": msg["trial"], "seq": msg["seq"]}
-        try:
-            if op == "suggest":
-                args = payload["args"]
-                if payload["kind"] == "categorical":
-                    reply["value"] = trial.suggest_categorical(payload["name"], args["choices"])
-                elif payload["kind"] == "int":
-                    reply["value"] = trial.suggest_int(payload["name"], args["low"], args["high"], step=args["step"],
-                                                       log=args["log"])
-                else:
-                    reply["value"] = trial.suggest_float(payload["name"], args["low"], args["high"], step=args["step"],
-                                                         log=args["log"])
-            elif op == "should_prune":  # decided once per call number: every rank of the slot agrees
-                index = payload["index"]
-                if index not in tr.decisions:
-                    tr.pruned = tr.pruned or bool(trial.should_prune())  # pruners may answer numpy.bool_
-                    tr.decisions[index] = tr.pruned
-                reply["value"] = tr.decisions[index]
-            elif op == "report":
-                trial.report(payload["value"], payload["step"])
-                return
-            elif op == "user_attr":
-                trial.set_user_attr(payload["key"], payload["value"])
-                return
-            elif op == "started":
-                tr.started = time.time()
-                return
-        except Exception as exc:  # a bad suggestion (e.g. low > high): the rank raises it in the objective
-            reply.pop("value", None)
-            reply["error"] = f"{type(exc).__name__}: {exc}"
-        if "value" in reply:
-            reply["value"] = _plain_value(reply["value"])
-            try:
-                json.dumps(reply["value"])
-            except (TypeError, ValueError):
-                reply = {"trial": reply["trial"], "seq": reply["seq"],
-                         "error": f"{op}: the value {reply.pop('value')!r} cannot be sent to the ranks (not JSON)"}
-        self.cluster.reply(rank, TUNE_REPLY, reply)
-
     def _watch(self, tr: TrialRun) -> None:
         if self.entering is not None:  # a failure now may be a rank without a slot: tune_enter's answer decides
             return
@@ -659,11 +421,27 @@ class Sweep:
             elif self.trial_timeout is not None and tr.started is not None and now - tr.started > self.trial_timeout:
                 tr.where = self._where(tr)
                 self._stop(tr, f"timed out after {self.trial_timeout:g} s")
+            elif (hang := self._hung(tr)) is not None:
+                tr.where = [f"rank {r} waiting in {w}" for r, w in sorted(hang.items())]
+                self._stop(tr, f"hung: no progress for {tr.watchdog.period:g} s and every rank of its slot waits "  # type: ignore[union-attr]
+                               "in a collective (--watchdog)")
         elif tr.stopped_at is not None and now - tr.stopped_at > self.grace_s and not tr.view.ready():
             tr.where = self._where(tr)  # where its ranks are now (a timed-out trial's error had where they were)
             why = "a rank failed" if tr.stopped == "released" else tr.stopped
             self.stuck.append(f"{self._describe(tr)} did not stop within {self.grace_s:g} s (--interrupt-grace) "
                               f"of being stopped ({why})")
+
+    def _hung(self, tr: TrialRun) -> dict[int, str] | None:
+        """The cells' hang watchdog on this trial (:class:`~jdist.kernel.supervise.detectors.HangWatchdog`: no
+        progress for ``--watchdog`` s and every running rank of the slot proven blocked in a collective):
+        rank -> the collective it waits in, or None."""
+        if tr.watchdog is None or tr.started is None:
+            return None
+        done = tr.view.done_count()
+        if done != tr.done_count:
+            tr.done_count, tr.last_progress = done, time.monotonic()
+        action = tr.watchdog.poll(time.monotonic(), tr)
+        return action.hang if isinstance(action, Release) else None
 
     def _stop(self, tr: TrialRun, why: str) -> None:
         """Stop ``tr`` on its ranks (KeyboardInterrupt in the objective; a blocked collective is released):
@@ -678,9 +456,9 @@ class Sweep:
         return [where[r] for r in sorted(where)]
 
     def _where_ranks(self, ranks: list[int]) -> dict[int, str]:
-        """What each of ``ranks`` does: "rank 3 running cell line 7" (:func:`jdist.stacks.summary`); ranks
+        """What each of ``ranks`` does: "rank 3 running cell line 7" (:func:`jdist.common.stacks.summary`); ranks
         that gave no stack within 2 s are left out, and so is everything after a Ctrl-C."""
-        from jdist.stacks import summary
+        from jdist.common.stacks import summary
 
         if not ranks:
             return {}
@@ -789,7 +567,7 @@ class Sweep:
 
     def _flush_journal(self) -> list[str]:
         """Wait for the journal file to hold every trial (a mirrored journal writes from a thread)."""
-        from .journal import JournalWriteError
+        from ..journal import JournalWriteError
 
         if self.journal is None:  # a study of the user's own, with its own storage
             return []
@@ -822,7 +600,7 @@ class Sweep:
     def _restart(self, why: str) -> str:
         """Restart the ranks (set-up cells replayed, as ``%dist restart``); one line says why first. Its
         result line, or what to do if it could not (a failed start, a Ctrl-C during it)."""
-        from . import recovery
+        from .. import recovery
 
         print(f"jdist.tune: {why}, so the ranks are restarted (set-up cells replayed, as %dist restart)...",
               flush=True)
@@ -869,165 +647,7 @@ class Sweep:
         return df
 
 
-def _plain_value(value: Any) -> Any:
-    """numpy scalars (a categorical choice, a pruner's answer) as Python ones, for the JSON reply."""
-    return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict, str)) else value
-
-
-def as_request(distribution: Any) -> tuple[str, dict[str, Any]]:
-    """An Optuna distribution as the ranks' ``suggest_*`` call names it: (kind, args).
-
-    >>> import optuna
-    >>> as_request(optuna.distributions.FloatDistribution(1e-4, 0.1, log=True))
-    ('float', {'low': 0.0001, 'high': 0.1, 'step': None, 'log': True})
-    >>> as_request(optuna.distributions.CategoricalDistribution(("adam", "sgd")))
-    ('categorical', {'choices': ['adam', 'sgd']})
-    """
-    name = type(distribution).__name__
-    if name == "CategoricalDistribution":
-        return "categorical", {"choices": list(distribution.choices)}
-    kind = "int" if name == "IntDistribution" else "float"
-    return kind, {"low": distribution.low, "high": distribution.high, "step": distribution.step,
-                  "log": distribution.log}
-
-
 def _counts(trial: Any) -> bool:
     """Whether a trial counts towards the sweep's budget: finished, and not stopped by an interrupt."""
     name = trial.state.name
     return name in ("COMPLETE", "PRUNED") or (name == "FAIL" and not trial.user_attrs.get("jdist_interrupted"))
-
-
-class SweepView:
-    """The sweep in the notebook (``show``): progress, best so far and the trials table, redrawn at most
-    twice a second in one display (its last state stays in the saved notebook); and the same for the
-    sidebar: ``sweep.json`` (:class:`jdist.protocol.SweepSummaryModel`) and ``view.html`` in the
-    sweep's folder, each replaced whole (never read half-written)."""
-
-    def __init__(self, sweep: Sweep, show: bool = True, every_s: float = 0.5):
-        self.sweep = sweep
-        self.show = show
-        self.every_s = every_s
-        self.last = 0.0
-        self.handle: Any = None
-
-    def update(self, final: bool = False) -> None:
-        now = time.monotonic()
-        if not final and now - self.last < self.every_s:
-            return
-        self.last = now
-        rows = self.rows()
-        page = self.html(rows)
-        try:
-            _replace(self.sweep.folder / "view.html", page)
-            _replace(self.sweep.folder / "sweep.json", json.dumps(self.summary(rows), allow_nan=False))
-        except (OSError, ValueError) as exc:  # a full disk, a value JSON cannot carry: the sweep goes on
-            if final:
-                print(f"jdist.tune: the sidebar's copy of the sweep could not be written ({exc}).")
-        if not self.show:
-            return
-        from IPython.display import HTML, display
-
-        out = HTML(page)
-        if self.handle is None:
-            self.handle = display(out, display_id=True)
-        else:
-            self.handle.update(out)
-
-    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """The sweep for the sidebar (a :class:`jdist.protocol.SweepSummaryModel`)."""
-        sw = self.sweep
-        best = _best(sw.study)
-        return {"name": sw.folder.name, "status": sw.status, "cluster_id": sw.cluster.cluster_id,
-                "notebook": None, "started": sw.started, "ended": None if sw.status == "running" else time.time(),
-                "updated": time.time(), "trials": sw.trials, "per_trial": sw.per_trial, "slots": len(sw.slots),
-                "metric": sw.metric, "direction": sw.study.directions[0].name.lower(),
-                "counts": dict(collections.Counter(r["state"] for r in rows)),
-                "best_trial": best.number if best else None,
-                "best_value": best.value if best and math.isfinite(best.value) else None,
-                "best_params": {k: _plain_value(v) for k, v in best.params.items()} if best else None,
-                "journal": str(sw.folder / "journal.log")}
-
-    def rows(self) -> list[dict[str, Any]]:
-        sw = self.sweep
-        running = {tr.trial.number for tr in sw.running.values()}
-        queued = {tr.trial.number for tr in sw.queued.values()}
-        # when each trial ran on its ranks (Optuna's datetime_start is when it was asked: a queued trial waits)
-        ran = {trial: (start, end) for _, trial, start, end, _ in sw.timeline}
-        ran.update((tr.trial.number, (tr.started, None)) for tr in sw.running.values() if tr.started is not None)
-        rows = []
-        for t in sw.study.get_trials(deepcopy=False):
-            state = ("QUEUED" if t.number in queued else "RUNNING" if t.number in running
-                     else "INTERRUPTED" if t.user_attrs.get("jdist_interrupted") else t.state.name)
-            end = t.datetime_complete.timestamp() if t.datetime_complete else time.time()
-            start = t.datetime_start.timestamp() if t.datetime_start else end
-            if t.number in ran:
-                start, end = ran[t.number][0], ran[t.number][1] or time.time()
-            elif state == "QUEUED":
-                start = end
-            last = max(t.intermediate_values) if t.intermediate_values else None
-            rows.append({"trial": t.number, "state": state, "slot": t.user_attrs.get("jdist_slot"),
-                         "params": t.params, "value": t.value,
-                         "last": t.intermediate_values[last] if last is not None else None, "step": last,
-                         "seconds": end - start, "error": t.user_attrs.get("jdist_error")})
-        return rows
-
-    def html(self, rows: list[dict[str, Any]] | None = None) -> str:
-        from jdist.metrics import sweep as panels
-
-        sw = self.sweep
-        rows = self.rows() if rows is None else rows
-        counts = collections.Counter(r["state"] for r in rows)
-        head = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
-        single = len(sw.study.directions) == 1
-        best = _best(sw.study)
-        best_line = (f"best trial {best.number}: <b>{best.value:.6g}</b> {html.escape(_fmt_params(best.params))}"
-                     if best is not None else "no trial completed yet" if single else "")
-        cells = []
-        for r in sorted(rows, key=lambda r: (r["state"] not in ("RUNNING", "QUEUED"), -r["trial"]))[:TABLE_ROWS]:
-            value = f"{r['value']:.6g}" if isinstance(r["value"], float) else ""
-            last = f"{r['last']:.4g} @ {r['step']}" if r["last"] is not None else ""
-            colour = panels.COLOURS.get(r["state"], "#757575")
-            cells.append(f"<tr><td>{r['trial']}</td><td style='color:{colour}'>{r['state'].lower()}</td>"
-                         f"<td>{'' if r['slot'] is None else r['slot']}</td>"
-                         f"<td>{html.escape(_fmt_params(r['params']))}</td><td>{value}</td><td>{last}</td>"
-                         f"<td>{r['seconds']:.1f}</td><td>{html.escape(r['error'] or '')}</td></tr>")
-        more = f"<div>... {len(rows) - TABLE_ROWS} more: jdist.last_sweep()</div>" if len(rows) > TABLE_ROWS else ""
-        now = time.time()
-        spans = [*sw.timeline, *((tr.slot, tr.trial.number, tr.started, None, "RUNNING")
-                                 for tr in sw.running.values() if tr.started is not None)]
-        trials = sw.study.get_trials(deepcopy=False)
-        states = {r["trial"]: r["state"] for r in rows}
-        recent = sorted((t for t in trials if t.intermediate_values), key=lambda t: t.number)[-CURVES:]
-        curves = {t.number: (states.get(t.number, t.state.name), list(t.intermediate_values.items())) for t in recent}
-        done = [t for t in trials if t.state.name == "COMPLETE" and single]
-        figures = [panels.curves_svg(curves, sw.metric or "reported value"),
-                   panels.best_svg([(t.number, t.value) for t in done], sw.study.direction.name.lower())]
-        return ("<div class='jdist-sweep' style='font-family:sans-serif;font-size:12px'>"
-                f"<b>jdist.tune {html.escape(sw.study.study_name)}</b>: {len(sw.slots)} slot(s) of {sw.per_trial} "
-                f"rank(s), {head or 'starting'}; {best_line}"
-                f"<div>{panels.timeline_svg(spans, len(sw.slots), now)}</div>"
-                f"<div style='display:flex;gap:12px'>{''.join(figures)}</div>"
-                f"<div>{panels.parallel_svg([(t.params, t.value) for t in done], sw.study.direction.name.lower())}</div>"
-                "<table><tr><th>trial</th><th>state</th><th>slot</th><th>params</th><th>value</th>"
-                f"<th>last reported</th><th>s</th><th>error</th></tr>{''.join(cells)}</table>{more}</div>")
-
-
-def _best(study: Any) -> Any:
-    """The study's best trial; None before one completed, or with several objectives (no single best)."""
-    if len(study.directions) != 1:
-        return None
-    try:
-        return study.best_trial
-    except ValueError:
-        return None
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write ``path`` whole: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _fmt_params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))

@@ -29,7 +29,7 @@ from typing import Any
 
 from jdist.protocol import DAP_REQUEST, PROTOCOL_VERSION, DapMessage
 
-from .channel import on_control
+from ..channel import on_control
 
 #: How long a request waits for the rank's debugpy to answer (seconds).
 ANSWER_TIMEOUT_S = 10.0
@@ -115,7 +115,7 @@ class RankDebugger:
                 self._event(message)
 
     def _event(self, event: dict[str, Any]) -> None:
-        from .session import current
+        from ..session import current
 
         body = event.get("body") or {}
         if event["event"] == "stopped":
