@@ -80,6 +80,11 @@ SAME_AS = {
     ("%run", "second interrupt"): "the cell row's: a %run script runs inside the cell's supervisor, and what %run "
                                   "changes (the script's frames named) the other faults of this row check",
     ("%run", "death"): "the cell row's: a rank's death is seen by the launcher whatever the rank ran",
+    **{(f"cell-{backend}", fault): why for backend in ("fsdp", "deepspeed") for fault, why in (
+        ("death", "the cell-ddp row's: the launcher sees the death whatever the backend, and %dist restart sets the "
+                  "backend up as at the start (a death on DeepSpeed's ZeRO-3 with --auto-restart: test_deepspeed.py)"),
+        ("second interrupt", "the cell-ddp row's: the rank that ignores the interrupt runs Python of its own, "
+                             "whatever the backend"))},
     ("cell-horovod", "exit 3"): "the 'exception' fault's path on Horovod: rank 0 left in Horovod's MPI wait is "
                                 "seen there and the ranks restart",
     ("cell-horovod", "interrupt"): "the 'exception' fault's path on Horovod, ended by the interrupt instead",
