@@ -158,8 +158,8 @@ class ClusterConfig:
                              type=float, metavar="S")
     port: int | None = _option(None, ("--port",), "Fixed TCP port for the process-group rendezvous (default: none; "
                                "a private file store is used).", Scope.RESTART, type=int, metavar="P")
-    threads: int | None = _option(None, ("--threads",), "torch threads per CPU rank (default: OMP_NUM_THREADS if set, else cores / "
-                                  "ranks).",
+    threads: int | None = _option(None, ("--threads",), "torch threads per CPU rank (default: OMP_NUM_THREADS "
+                                  "if set, else cores / ranks).",
                                   Scope.LIVE, type=int, metavar="T", applied_by="ranks",
                                   message="torch uses {} thread(s) per rank now.")
     precision: str = _option("fp32", ("--precision",), "Autocast precision of prepared models (fp16 adds a "

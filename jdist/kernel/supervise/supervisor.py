@@ -8,9 +8,9 @@ detectors (:mod:`~jdist.kernel.supervise.detectors`). Widgets and displays are o
 the main thread (ipykernel 7 rule).
 
 States: RUNNING → (a release or an interrupt) RELEASING → DRAINING → DONE. In RELEASING the
-ranks got SIGINT and have ``--interrupt-grace`` seconds (default 10) to
-stop (a second interrupt ends the wait at once). In DRAINING the output tail is collected, lost records are fetched again from the ranks,
-and a process group broken by a release is re-built. :func:`jdist.kernel.supervise.outcome.classify`
+ranks got SIGINT and have ``--interrupt-grace`` seconds (default 10) to stop (a second interrupt
+ends the wait at once). In DRAINING the output tail is collected, lost records are fetched again
+from the ranks, and a process group broken by a release is re-built. :func:`jdist.kernel.supervise.outcome.classify`
 then decides what happened. A cell that finished and logged nothing is a set-up cell:
 :func:`run_cell` notes it in the cluster's recovery log.
 
@@ -290,9 +290,9 @@ def run_cell(cluster: ClusterSession, code: str, opts: CellOptions, ranks: Seque
     dashboard, run log, trackers). Faults are handled while it waits (see docs/reliability.md).
     A cell that finished and logged nothing is noted in ``cluster.recovery`` (``%dist restart``
     replays it with ``opts``). ``debug_ranks``: where ``breakpoint()`` stops, with a pdb prompt in the
-    notebook (:class:`jdist.kernel.debug.hooks.PdbHook`), and where the Debugger panel's breakpoints stop; ``raw``:
-    the cell as typed (:class:`jdist.kernel.debug.hooks.DapHook`). Returns a :class:`CellResult`; errors are not raised here
-    (:func:`jdist.kernel.supervise.report.raise_for_result`).
+    notebook (:class:`jdist.kernel.debug.hooks.PdbHook`), and where the Debugger panel's breakpoints stop;
+    ``raw``: the cell as typed (:class:`jdist.kernel.debug.hooks.DapHook`). Returns a :class:`CellResult`;
+    errors are not raised here (:func:`jdist.kernel.supervise.report.raise_for_result`).
     """
     from ..debug.hooks import debug_hooks
     from ..sinks import default_sinks

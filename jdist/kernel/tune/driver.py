@@ -423,8 +423,9 @@ class Sweep:
                 self._stop(tr, f"timed out after {self.trial_timeout:g} s")
             elif (hang := self._hung(tr)) is not None:
                 tr.where = [f"rank {r} waiting in {w}" for r, w in sorted(hang.items())]
-                self._stop(tr, f"hung: no progress for {tr.watchdog.period:g} s and every rank of its slot waits "  # type: ignore[union-attr]
-                               "in a collective (--watchdog)")
+                period = self.cluster.config.watchdog
+                self._stop(tr, f"hung: no progress for {period:g} s and every rank of its slot waits in a "
+                               "collective (--watchdog)")
         elif tr.stopped_at is not None and now - tr.stopped_at > self.grace_s and not tr.view.ready():
             tr.where = self._where(tr)  # where its ranks are now (a timed-out trial's error had where they were)
             why = "a rank failed" if tr.stopped == "released" else tr.stopped
