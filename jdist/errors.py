@@ -197,8 +197,8 @@ class RankError(JdistError):
             f"{ranks}); first failure on rank {first}: {err.summary}"
         )
         if released:
-            self.headline += (f"; the other {released} {'was' if released == 1 else 'were'} released before "
-                              f"{'it' if released == 1 else 'they'} got that far")
+            self.headline += ("; the other rank was released before it got that far" if released == 1 else
+                              f"; the other {released} were released before they got that far")
         super().__init__(self.headline)
 
     def _render_traceback_(self) -> list[str]:

@@ -38,6 +38,8 @@ COLLECTIVE_PATHS: tuple[str, ...] = ("/torch/distributed/",)
 #: Cell code on an ipykernel engine is compiled from files like /tmp/ipykernel_<pid>/<hash>.py.
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-|<%%distributed cell>)")
 _FRAME_LINE = re.compile(r'\s+File "(.*)", line (\d+) in (.*)')
+#: What :func:`summary` says of a rank that runs no cell.
+IDLE = "idle (no cell running)"
 #: The line of a sample that holds the rank's progress counters (:func:`format_progress`).
 PROGRESS_PREFIX = "jdist-progress"
 _PROGRESS_LINE = re.compile(PROGRESS_PREFIX + r" t=(\S+) cpu=(\S+) main=(\S+) seq=(\S+)")
@@ -234,7 +236,7 @@ def summary(frames: Sequence[Frame], backward_waits: bool = False,
         path, line, func = frames[0]
         inner = "" if _CELL_FILE.search(path) else f", in {func} at {Path(path).name}:{line}"
         return f"running {where_in_cell(frames)}{inner}"
-    return "idle (no cell running)"
+    return IDLE
 
 
 def format_stack(frames: Sequence[Frame]) -> str:

@@ -28,7 +28,8 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from jdist.common.stacks import summary
+from jdist.common.stacks import IDLE, summary
+from jdist.common.waiting import poll_until
 from jdist.errors import RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
@@ -46,6 +47,10 @@ from .view import IppCellView, Message
 if TYPE_CHECKING:
     from ..cluster import ClusterSession
     from ..sinks import RecordSink
+
+
+#: How long a rank that ended its part of the cell (its stack shows no cell) has for its reply to arrive.
+IDLE_REPLY_S = 2.0
 
 
 class Phase(str, Enum):
@@ -211,9 +216,14 @@ class CellSupervisor:
         if obs.death is None and view.ready():
             view.wait_for_output(5)
         elif obs.death is None:
-            obs.stuck = view.running()
             stuck_stacks = {r: summary(f, spec.backward_waits, spec.collective_paths)
-                            for r, f in cluster.stacks(obs.stuck).items()}
+                            for r, f in cluster.stacks(view.running()).items()}
+            # a rank whose stack shows no cell ended its part; its reply is on the way (a second interrupt can
+            # come right behind a release): not stuck
+            ended = {r for r, what in stuck_stacks.items() if what == IDLE}
+            poll_until(lambda: not ended & set(view.running()), IDLE_REPLY_S)
+            obs.stuck = view.running()
+            stuck_stacks = {r: what for r, what in stuck_stacks.items() if r in obs.stuck}
         self._pump()
         if obs.death is not None:
             d = obs.death
