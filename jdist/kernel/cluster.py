@@ -185,8 +185,8 @@ class ClusterSession:
             seen[0] = have
             dead = launcher.exited_early() if have < n else None
             if dead is not None:
-                raise ClusterError(f"{launcher.program} exited before all ranks registered ({have}/{n}). "
-                                   "Its output:", dead)
+                raise ClusterError(f"The launch failed with {have}/{n} ranks registered ({launcher.program} or a "
+                                   "rank ended). What ended, and the launch's output:", dead)
             return have >= n
 
         if not poll_until(registered, self.config.start_timeout):

@@ -52,6 +52,17 @@ RANK_WRAPPER = engine_shell(
     after="echo $code > {exit_file}; exit $code")
 
 
+def _ended(code: int | None) -> str:
+    """How a rank ended before it registered, from its exit status.
+
+    >>> _ended(3), _ended(137)
+    ('exited with code 3', 'was killed by SIGKILL (kill -9, or the out-of-memory killer)')
+    """
+    if code is None:
+        return "ended"
+    return f"was {cause_of_exit(code, False)}" if code > 128 else f"exited with code {code}"
+
+
 def local_mpiexec() -> str:
     """MPICH's ``mpiexec.gforker`` next to :func:`mpiexec_path` when present (it listens nowhere)."""
     mpiexec = mpiexec_path()
@@ -171,12 +182,30 @@ class LocalMPILauncher(RankLauncher):
         if now - self._noted_at >= 0.25:  # while the ranks start: the processes to end if the start fails
             self._noted_at = now
             self.note_job()
-        if not self.engine_launcher_ended():
-            return None
+        exits = self._rank_exits()
+        if not exits and not self.engine_launcher_ended():
+            return None  # a rank that ended before MPI_Init leaves mpiexec waiting on the others
+        ended = "".join(f"rank {rank} {_ended(code)} before it registered\n" for rank, code in sorted(exits.items()))
+        if self.engine_launcher_ended():
+            ended += f"{self.program} exited\n"
         try:
-            return self.output().strip() or "(no output)"
+            return ended + (self.output().strip() or "(no output)")
         except OSError:
-            return "(no output captured)"
+            return ended + "(no output captured)"
+
+    def _rank_exits(self) -> dict[int, int | None]:
+        """The ranks whose shell wrote their exit status (``exit-<rank>`` in the work dir): ended."""
+        exits: dict[int, int | None] = {}
+        for path in self.work_dir.glob("exit-*"):
+            try:
+                rank = int(path.name[len("exit-"):])
+            except ValueError:
+                continue
+            try:
+                exits[rank] = int(path.read_text())
+            except (OSError, ValueError):  # being written: ended all the same
+                exits[rank] = None
+        return exits
 
     # -- while the ranks run ----------------------------------------------------------------
     def watch(self, ranks: Sequence[RankInfo]) -> None:
