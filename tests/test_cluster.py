@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import wait_for
 from ipyparallel import interactive
@@ -213,8 +214,23 @@ def test_start_failure_is_reported_with_mpiexec_output(monkeypatch):
     # 120, a failure before that is the launcher's early-exit detection, not the timeout.
     monkeypatch.setattr(local_mpi, "local_mpiexec", lambda: "/bin/false")
     c = ClusterSession(ClusterConfig(n=2, start_timeout=120))
-    with pytest.raises(ClusterError, match="mpiexec exited before all ranks registered"):
+    with pytest.raises(ClusterError, match=r"The launch failed with 0/2 ranks registered") as info:
         c.start()
+    assert "mpiexec exited" in info.value.lines
+    assert not c.running and c.work_dir is None
+
+
+@pytest.mark.cluster
+def test_a_rank_that_ends_before_mpi_init_fails_the_start_at_once_with_its_output(monkeypatch, tmp_path):
+    """mpiexec goes on waiting for the other ranks (stuck in MPI_Init): the rank's own exit is seen."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\nif os.environ.get('PMI_RANK') == '1':\n    sys.exit('rank 1: refusing to start')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    c = ClusterSession(ClusterConfig(n=2, start_timeout=120))
+    with pytest.raises(ClusterError, match=r"The launch failed with [01]/2 ranks registered") as info:
+        c.start()
+    assert "rank 1 exited with code 1 before it registered" in info.value.lines, info.value.lines
+    assert any(line.endswith("rank 1: refusing to start") for line in info.value.lines), info.value.lines  # its stderr
     assert not c.running and c.work_dir is None
 
 
@@ -238,7 +254,9 @@ def test_a_start_that_times_out_leaves_no_process_of_the_job(monkeypatch):
         c.start()
     assert len(noted) >= 2, noted  # at least the two rank processes were seen
     assert not [p for p in noted if alive(p)]
-    assert set(glob.glob("/dev/shm/mpich_shm_*")) <= segments  # a later job could hang on a leftover
+    # a later job could hang on a leftover; segments that other jobs (another test worker's) hold are theirs
+    new = set(glob.glob("/dev/shm/mpich_shm_*")) - segments
+    assert not new - mpi_shm_segments(psutil.pids()), new
     assert not c.running and c.work_dir is None
 
 
