@@ -36,11 +36,15 @@ def strip_ansi(text: str) -> str:
     """
     return _ANSI.sub("", text)
 
-#: Shown after a fault in which the rank processes died.
-DEAD_HINT = (
-    "The rank processes died (MPI ends the whole job when one rank exits or is killed). "
-    "Run %dist restart to start fresh ranks; their variables are lost."
-)
+def dead_hint(restart: str) -> str:
+    """Shown after a fault in which the rank processes died; ``restart``: the front end's way to start
+    fresh ranks (:attr:`jdist.options.Frontend.restart`)."""
+    return ("The rank processes died (MPI ends the whole job when one rank exits or is killed). "
+            f"Run {restart} to start fresh ranks; their variables are lost.")
+
+
+#: :func:`dead_hint` in a notebook.
+DEAD_HINT = dead_hint("%dist restart")
 
 
 def need(module: str, what: str, extra: str) -> Any:
@@ -220,6 +224,7 @@ __all__ = [
     "ClusterChanged",
     "ClusterError",
     "DEAD_HINT",
+    "dead_hint",
     "HangError",
     "JdistError",
     "OneLineError",

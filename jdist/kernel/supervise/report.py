@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from jdist.errors import DEAD_HINT, CellInterrupt, HangError, RankDied, RankError, RankFailure
+from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
 
@@ -170,4 +170,4 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         assert result.outcome.first_failed is not None
         released = [r for r in obs.released if r not in result.failed]
         raise RankError(result.failed, world_size, result.outcome.first_failed, extra, released=len(released),
-                        dead_hint=DEAD_HINT if frontend.restart else None)
+                        dead_hint=dead_hint(frontend.restart) if frontend.restart else None)

@@ -82,7 +82,6 @@ def start() -> dict[str, Any]:
 
 def command(line: str) -> dict[str, Any]:
     """Run one pdb command on the open post-mortem; its output, and whether the post-mortem ended."""
-    global _pdb
     if _pdb is None:
         raise RuntimeError("No post-mortem is open on this rank: %dist debug opens one.")
     word = line.strip().split(" ", 1)[0] if line.strip() else ""
