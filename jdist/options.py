@@ -175,6 +175,11 @@ class ClusterConfig:
     auto_restart: bool = _option(False, ("--auto-restart",), "If the rank processes die, restart them at once, "
                                  "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint "
                                  "(--auto-restart off: no more).", Scope.LIVE, toggle=True)
+    auto_metrics: bool = _option(True, ("--auto-metrics",), "Records without jdist.log: each optimizer step of "
+                                 "a script or cell that does not call jdist.log is a record with its loss (the "
+                                 "scalar it called .backward() on), step, compute and communication time and "
+                                 "memory (--auto-metrics off: no hooks at all, e.g. when the backward root is not "
+                                 "the loss).", Scope.LIVE, toggle=True, applied_by="ranks")
     start_timeout: float = _option(120.0, ("--start-timeout",), "Seconds to wait for ranks to start (default 120).",
                                    Scope.LIVE, type=float, metavar="S")
     #: The options of plugins (the launcher's, the backend's) that were given, by name.

@@ -233,14 +233,25 @@ m = make_model()
 engine, optim, _, _ = deepspeed.initialize(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1), config={
     "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
     "zero_optimization": {"stage": 2}})
+own_losses = []
 for s in range(5):
     i = s * 16 + rank * 8
-    engine.backward(nn.functional.mse_loss(engine(X[i:i + 8]), Y[i:i + 8])); engine.step()
+    loss = nn.functional.mse_loss(engine(X[i:i + 8]), Y[i:i + 8])
+    engine.backward(loss); engine.step()
+    own_losses.append(loss.item())
 diff = max_diff(full_params(engine), ddp_reference(5))
 backend = deepspeed.comm.get_backend() if hasattr(deepspeed.comm, "get_backend") else dist.get_backend()
 engine.destroy()
 ''')
     assert max(pulled(ds, "diff")) < 1e-5
+    # without jdist.log: a record per engine step on each rank (tests/test_auto_metrics.py), the loss the
+    # script computed, DeepSpeed's collectives timed (ddp_reference's steps, after, are one rank's only)
+    run = ds.value("[(r['rank'], r['step'], r['loss'], r['comm_time_s']) for r in jdist.last_run().records]")
+    for rank, losses in enumerate(pulled(ds, "own_losses")):
+        mine = sorted((s, loss, comm) for r, s, loss, comm in run if r == rank)[:5]
+        assert [s for s, _, _ in mine] == list(range(5)), run
+        assert [loss for _, loss, _ in mine] == pytest.approx(losses, rel=1e-6)
+        assert all(comm > 0 for s, _, comm in mine if s > 0), mine
 
 
 def test_hf_model_built_under_zero_3_is_sharded_as_it_loads(ds):

@@ -68,7 +68,9 @@ def digest(model):
 def cluster(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("IPYTHONDIR", str(tmp_path_factory.getbasetemp() / "ipython-test-training"))
-        c = ClusterSession(ClusterConfig(n=2, backend=request.param, timeout=60))
+        # automatic step records off (tests/test_auto_metrics.py has them): these loops read the comm timer
+        # themselves, and the watchdog test trains without any record
+        c = ClusterSession(ClusterConfig(n=2, backend=request.param, timeout=60, auto_metrics=False))
         c.start(lambda msg: None)
         _run(c, COMMON)
         yield c

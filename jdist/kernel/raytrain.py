@@ -57,6 +57,8 @@ RAY = Frontend(
         "targets": "every Ray worker runs train_loop_per_worker",
         "output": "Ray prints its workers' output itself (ray.init(log_to_driver=...))",
         "debug_ranks": "breakpoint() in Ray workers is Ray's own debugger (ray debug)",
+        "auto_metrics": "Ray Train's workers report through ray.train.report (jdist.ray.fit records it) and "
+                        "jdist.log; no optimizer hooks are installed in Ray's processes",
     },
 )
 

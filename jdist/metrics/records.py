@@ -36,9 +36,11 @@ from .store import RecordBatch, RecordStore
 
 #: jdist's own automatic metrics, added to every record by the rank runtime (``None`` when unknown).
 CORE_METRICS: dict[str, str] = {
-    "step_time_s": "wall time since the previous jdist.log call on this rank (first step: since the cell started)",
-    "comm_time_s": "wall time within the step during which the backend communicated: DDP/Horovod gradient "
-    "all-reduces, FSDP all-gathers and reduce-scatters (intervals in flight, overlaps counted once)",
+    "step_time_s": "wall time since the previous record on this rank: a jdist.log call, or without jdist.log an "
+    "optimizer step (--auto-metrics); the first: since the cell started",
+    "comm_time_s": "wall time within the step during which the rank communicated: DDP/Horovod gradient "
+    "all-reduces, FSDP all-gathers and reduce-scatters, the script's own torch.distributed collectives with "
+    "--auto-metrics (intervals in flight, overlaps counted once)",
     "compute_time_s": "step_time_s - comm_time_s",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",
     "mem_peak_bytes": "peak CUDA memory allocated on GPU ranks; peak process RSS on CPU ranks",

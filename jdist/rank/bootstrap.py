@@ -224,11 +224,21 @@ def _set_precision(s: RankSession, precision: str | None) -> None:
     apply_precision(s, precision or "fp32")
 
 
+def _set_auto_metrics(s: RankSession, on: bool | None) -> None:
+    from .auto_metrics import disable, enable
+
+    if on is None or on:
+        enable(s)
+    else:
+        disable(s)
+
+
 #: How each option applied on the ranks (``applied_by="ranks"`` in :mod:`jdist.options`) takes
 #: effect on a rank, at start and when it changes on a running cluster.
 APPLY: dict[str, Callable[[RankSession, Any], None]] = {
     "threads": _set_threads,
     "precision": _set_precision,
+    "auto_metrics": _set_auto_metrics,
 }
 
 

@@ -10,6 +10,8 @@ when it is called outside a ``%%distributed`` cell. It owns:
 * ``stream``: the cell's records, numbered and queued by ``jdist.log`` (:mod:`jdist.rank.stream`);
   ``publisher``: the thread that completes and sends them in batches (:class:`Publisher`);
 * ``sources``: what adds the automatic metrics to the records (:mod:`jdist.rank.sources`);
+* ``auto``: the records of unchanged code, one per optimizer step, with its loss (``--auto-metrics``,
+  :mod:`jdist.rank.auto_metrics`), or None;
 * ``train``: the training state of :mod:`jdist.rank.training` (precision, accumulation, what was prepared);
 * ``log_hooks``: called with every logged record (automatic checkpoints register one);
 * ``guard``: stack dumps and the release of blocked collectives (:mod:`jdist.rank.guard`).
@@ -86,6 +88,8 @@ class RankSession:
     #: process torchrun or Ray Train started: their process group is not jdist's, so records carry step
     #: time only, no communication/compute split.
     comm_timed: bool = True
+    #: The automatic step records (``--auto-metrics on``: :class:`jdist.rank.auto_metrics.AutoSteps`), or None.
+    auto: Any = None
 
     @property
     def backend_name(self) -> str:
@@ -104,9 +108,13 @@ class RankSession:
             self.stream.begin_cell()
             for source in self.sources:
                 source.begin_cell(self, now)
+            if self.auto is not None:
+                self.auto.begin_cell()
 
     def end_cell(self) -> CellEndMessage:
         """A cell ended (``post_run_cell``): the rest of its records and their count go to the kernel."""
+        if self.auto is not None:
+            self.auto.flush()  # the last step's record, held back until now
         with self._lock:
             pending = list(self.stream.pending)
             self._fill(pending, ready(pending, final=True), final=True)
@@ -124,6 +132,9 @@ class RankSession:
         and sends the records in batches.
         """
         now = time.perf_counter()
+        auto = self.auto
+        if auto is not None and not auto.explicit:
+            auto.explicit_log()  # the cell logs itself: no automatic records (nothing doubled)
         for at_log in self._at_log:
             at_log(self, rec, now)
         timer = self.timer
@@ -131,6 +142,14 @@ class RankSession:
         if self.log_hooks:
             for hook in list(self.log_hooks.values()):
                 hook(rec)
+
+    def add_entry(self, rec: Record, now: float, intervals: Any, events: Any, forwards: int, deferred: Any) -> None:
+        """Queue an automatic step record (:mod:`jdist.rank.auto_metrics`) measured at ``now``: its sequence
+        number, the sources' ``at_log``; not the log hooks (automatic checkpoints follow ``jdist.log``)."""
+        rec["seq"] = self.stream.seq
+        for at_log in self._at_log:
+            at_log(self, rec, now)
+        self.stream.add((rec, now, intervals, events, forwards, deferred))
 
     def prepared(self) -> None:
         """``jdist.prepare`` ran: the sources that count what was prepared recount."""

@@ -71,17 +71,28 @@ def ready(entries: Sequence[Entry], final: bool) -> int:
 def _events_of(entry: Entry) -> list[Any]:
     events = [end for _, end in entry[EVENTS]] if entry[EVENTS] else []
     if entry[DEFERRED]:
-        events.extend(event for _, _, event in entry[DEFERRED])
+        events.extend(event for _, _, event in entry[DEFERRED] if event is not None)
     return events
 
 
 def resolve_deferred(entries: Sequence[Entry]) -> None:
-    """Put the values logged as device tensors into their records (their copies have arrived)."""
+    """Put the values logged as device tensors into their records (their copies have arrived). A value
+    may be a list of ``(tensor, factor)``: their sum (an automatic step's loss, :mod:`jdist.rank.auto_metrics`)."""
     for entry in entries:
         if entry[DEFERRED]:
             rec = entry[REC]
             for name, host_copy, _ in entry[DEFERRED]:
-                rec[name] = host_copy.item()
+                if type(host_copy) is list:
+                    rec[name] = _sum_of(host_copy)
+                else:
+                    rec[name] = host_copy.item()
+
+
+def _sum_of(parts: list[tuple[Any, float]]) -> float | None:
+    try:
+        return sum(t.item() * factor for t, factor in parts)
+    except (RuntimeError, ValueError, TypeError):  # not a plain one-element tensor (a DTensor...)
+        return None
 
 
 def defer_device_value(value: Any) -> tuple[Any, Any]:

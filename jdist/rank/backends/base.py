@@ -164,6 +164,14 @@ class CommTimer:
         self._events = []
         return events
 
+    def give_back(self, intervals: list[tuple[float, float]] | None, events: list[tuple[Any, Any]] | None) -> None:
+        """Put intervals and event pairs taken earlier back, before those recorded since (the next take
+        gets them all): a record that was dropped (:mod:`jdist.rank.auto_metrics`) hands its own on."""
+        if intervals:
+            self._intervals = intervals + self._intervals
+        if events:
+            self._events = events + self._events
+
 
 @dataclass
 class Preparation:
@@ -227,11 +235,26 @@ def count_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], bytes_of
     return StateBytes(**sums)
 
 
+#: > 0 while :func:`timed_call` (or a timing communication hook) runs a collective: a timed collective
+#: that calls another (FSDP's timed all-gather calls ``dist.all_gather_single``, timed too with automatic
+#: metrics on) is counted once, by the outermost.
+TIMING = [0]
+
+
 def timed_call(timer: CommTimer | None, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
     """Run one collective (``call``) and report its interval to ``timer``: wall clock on CPU
-    ranks (an async one: until its future completes), a pair of CUDA events on GPU ranks."""
-    if timer is None:
+    ranks (an async one: until its future completes), a pair of CUDA events on GPU ranks.
+    Inside another timed collective (:data:`TIMING`) it only runs it."""
+    if timer is None or TIMING[0]:
         return call()
+    TIMING[0] += 1
+    try:
+        return _timed_call(timer, kind, call, async_op)
+    finally:
+        TIMING[0] -= 1
+
+
+def _timed_call(timer: CommTimer, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
     if kind == "cuda":
         import torch
 
@@ -292,6 +315,14 @@ class Backend(ABC):
         ``rank``, ``local_rank``, ``size`` and ``hostname``). Default: :class:`PlainDevice` (a framework of its
         own places its work); :class:`~jdist.rank.backends.TorchBackend` pins ``cuda:<local rank>`` with ``--gpus``."""
         return PlainDevice()
+
+    def auto_metric_hooks(self, steps: Any) -> list[Callable[[], None]]:
+        """``--auto-metrics on``: install what tells ``steps`` (a :class:`jdist.rank.auto_metrics.AutoSteps`)
+        about this framework's backward passes and optimizer steps, and times its communication into the
+        comm timer; return the removers (``--auto-metrics off`` calls them). Default: nothing (a framework
+        of its own, ``--framework tf``, has its callbacks); :class:`~jdist.rank.backends.TorchBackend`:
+        torch's (:func:`jdist.rank.auto_metrics.torch_hooks`); a backend adds its engine's."""
+        return []
 
     def environment(self, ctx: RankContext, cluster_id: str) -> None:
         """After :meth:`setup`: the process environment that code written for the framework expects (default:

@@ -1,16 +1,18 @@
 """PyTorch DistributedDataParallel: gloo on CPU ranks, NCCL on GPU ranks.
 
 Communication time is measured by a DDP communication hook around the default
-all-reduce: on CPU each gradient bucket reports the wall-clock interval from the
-start of its all-reduce to the completion of its future; on GPU a pair of CUDA
-timing events brackets it (read lazily, so the hook never synchronises).
+all-reduce (:func:`jdist.rank.auto_metrics.timed_comm_hook`): on CPU each gradient
+bucket reports the wall-clock interval from the start of its all-reduce to the completion of
+its future (with ``--auto-metrics on``: to the end of the backward pass, without a callback);
+on GPU a pair of CUDA timing events brackets it (read lazily, so the hook never
+synchronises). A hook the user registers afterwards runs inside it.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
+from ..auto_metrics import time_ddp
 from .torch_group import TorchBackend
 
 
@@ -28,7 +30,9 @@ class DDPBackend(TorchBackend):
         model = model.to(ctx.device)
         device_ids = [ctx.device.index] if ctx.device_kind == "cuda" else None
         ddp = DDP(model, device_ids=device_ids, **options)
-        ddp.register_comm_hook(state=None, hook=self._timed_allreduce_hook())
+        if getattr(ddp, "_jdist_comm", None) is None:  # (--auto-metrics on times every DDP as it is built)
+            assert self.timer is not None
+            time_ddp(ddp, self.timer, ctx.device_kind)
         return ddp
 
     def set_gradient_sync(self, model: Any, sync: bool) -> None:
@@ -43,38 +47,3 @@ class DDPBackend(TorchBackend):
             model._update_process_group(group)
             return True
         return None
-
-    def _timed_allreduce_hook(self) -> Callable[[Any, Any], Any]:
-        import torch
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        timer = self.timer
-        assert timer is not None and self.ctx is not None
-        if self.ctx.device_kind == "cuda":
-
-            def cuda_hook(state, bucket):  # no annotations: DDP checks them at run time
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fut = allreduce_hook(None, bucket)
-
-                def done(f: Any) -> Any:
-                    end = torch.cuda.Event(enable_timing=True)
-                    end.record()  # on the stream the result is ready on
-                    timer.record_cuda(start, end)
-                    return f.value()
-
-                return fut.then(done)
-
-            return cuda_hook
-
-        def cpu_hook(state, bucket):  # no annotations: DDP checks them at run time
-            start = time.perf_counter()
-            fut = allreduce_hook(None, bucket)
-
-            def done(f: Any) -> Any:
-                timer.record(start, time.perf_counter())
-                return f.value()
-
-            return fut.then(done)
-
-        return cpu_hook

@@ -128,6 +128,44 @@ class DeepSpeedBackend(TorchBackend):
     def set_precision(self, precision: str) -> None:
         self.precision = precision  # engines prepared from now on
 
+    def auto_metric_hooks(self, steps: Any) -> list[Any]:
+        """torch's hooks, and DeepSpeed's engine (any engine, the script's own ``deepspeed.initialize``
+        included): ``engine.backward(loss)`` is one backward whose loss is ``loss / gradient_accumulation_steps``
+        (the engine's own scaling inside it is not noted again), and ``engine.step()`` on an accumulation
+        boundary ends the step (also when the engine skipped the update for an fp16 overflow). The engine's
+        collectives are timed through its communication backend (:func:`time_collectives`)."""
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        from ..auto_metrics import patch
+
+        def make_backward(real: Any) -> Any:
+            def backward(engine: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+                if steps.mute:
+                    return real(engine, loss, *args, **kwargs)
+                scale = kwargs.get("scale_wrt_gas", args[1] if len(args) > 1 else True)
+                steps.root(loss, 1.0 / engine.gradient_accumulation_steps() if scale else 1.0)
+                steps.mute += 1
+                try:
+                    return real(engine, loss, *args, **kwargs)
+                finally:
+                    steps.mute -= 1
+
+            return backward
+
+        def make_step(real: Any) -> Any:
+            def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+                managed = getattr(engine, "managed_gradient_accumulation", lambda: True)()
+                boundary = engine.is_gradient_accumulation_boundary() or not managed
+                out = real(engine, *args, **kwargs)
+                if boundary:
+                    steps.stepped()
+                return out
+
+            return step
+
+        return [*super().auto_metric_hooks(steps), patch(DeepSpeedEngine, "backward", make_backward),
+                patch(DeepSpeedEngine, "step", make_step)]
+
     def prepare(self, p: Preparation) -> tuple[list[Any], list[Any]]:
         import deepspeed
 

@@ -67,6 +67,27 @@ class HorovodBackend(TorchBackend):
             return None
         return f"{super().collectives_started()},h{newest}"
 
+    def auto_metric_hooks(self, steps: Any) -> list[Any]:
+        """torch's hooks (a ``DistributedOptimizer`` is a ``torch.optim.Optimizer``: its steps are seen), and
+        the communication of a ``hvd.DistributedOptimizer`` the script builds itself, timed as a prepared
+        one's (:func:`_time_allreduces`: its gradient all-reduces, from submission until ``synchronize()``
+        saw them finished). Not timed: the script's own ``hvd.allreduce``/``hvd.broadcast`` calls."""
+        import horovod.torch as hvd
+
+        from ..auto_metrics import patch
+
+        timer = self.timer
+
+        def make_factory(real: Any) -> Any:
+            def DistributedOptimizer(*args: Any, **kwargs: Any) -> Any:
+                opt = real(*args, **kwargs)
+                _time_allreduces(opt, timer)
+                return opt
+
+            return DistributedOptimizer
+
+        return [*super().auto_metric_hooks(steps), patch(hvd, "DistributedOptimizer", make_factory)]
+
     def prepare_model(self, model: Any, **options: Any) -> Any:
         ctx = self.require_ctx()
         if options:
@@ -128,8 +149,9 @@ class HorovodBackend(TorchBackend):
 
 def _time_allreduces(optimizer: Any, timer: CommTimer | None) -> None:
     """Record every gradient all-reduce of a DistributedOptimizer into ``timer`` (see module doc)."""
-    if timer is None:
+    if timer is None or getattr(optimizer, "_jdist_timed", False):
         return
+    optimizer._jdist_timed = True
     from horovod.torch.mpi_ops import poll
 
     pending: list[tuple[Any, float]] = []

@@ -51,6 +51,14 @@ class TorchBackend(Backend):
 
         install(ctx, cluster_id)
 
+    def auto_metric_hooks(self, steps: Any) -> list[Any]:
+        """torch's hooks (:func:`jdist.rank.auto_metrics.torch_hooks`): optimizer steps, backward roots,
+        ``GradScaler``, the script's ``DistributedDataParallel`` and ``torch.distributed`` collectives."""
+        from ..auto_metrics import torch_hooks
+
+        ctx = self.require_ctx()
+        return torch_hooks(steps, self.timer, ctx.device_kind)
+
     def require_ctx(self) -> RankContext:
         if self.ctx is None:
             raise RuntimeError(f"The {self.name} backend is not set up on this rank; run %dist restart.")
@@ -156,3 +164,4 @@ def destroy_process_group() -> None:
 
     if dist.is_initialized():
         real_destroy_process_group()
+

@@ -28,6 +28,9 @@ class AccelerateTracker(_tracking.GeneralTracker):
 
     def __init__(self, run_name: str = "jdist", **kwargs: Any) -> None:
         super().__init__()
+        from ..auto_metrics import logs_itself
+
+        logs_itself()  # accelerator.log(...) is this cell's record: no automatic records beside them
         self.run_name = run_name
         self.config: dict[str, Any] = {}
 

@@ -31,6 +31,10 @@ class HFCallback(_transformers.TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         import jdist
 
+        from ..auto_metrics import logs_itself
+
+        logs_itself()  # the Trainer's steps are logged here: no automatic records beside them
+
         jdist.progress(total_steps=state.max_steps or None,
                        batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps)
 

@@ -35,6 +35,10 @@ class LightningCallback(_pl.Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         import jdist
 
+        from ..auto_metrics import logs_itself
+
+        logs_itself()  # the optimizer steps are logged here: no automatic records beside them
+
         loader = trainer.train_dataloader
         batch = getattr(loader, "batch_size", None)
         total = trainer.estimated_stepping_batches

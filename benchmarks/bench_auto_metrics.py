@@ -1,0 +1,124 @@
+"""Automatic metrics (records without ``jdist.log``) against torchrun: the same unchanged DDP script, 2 CPU ranks.
+
+The script (written to a temporary folder) is what a torchrun user runs: ``init_process_group("gloo")``, its
+own ``DistributedDataParallel`` and optimizer, no jdist at all. Rank 0 times every step (forward to after
+``opt.step()``) with ``time.perf_counter`` and prints the median and mean. Three launches, interleaved in
+each round (the order rotates), each a column:
+
+* ``torchrun --standalone --nproc-per-node 2``;
+* ``jdist run -n 2 --auto-metrics off`` (no hook installed: jdist's rank, nothing more);
+* ``jdist run -n 2`` (automatic metrics on: a record per optimizer step with loss, step and comm time,
+  memory; DDP's timing comm hook; the plain view's sink, as stdout is a pipe).
+
+Two sizes: an MLP 64 -> 64 -> 64 -> 1, batch 32 (~1 ms steps), and 64 -> 1024 -> 1024 -> 1 (~10 ms).
+Rows: the median over ``--repeats`` rounds of each run's median step (and mean step). Targets, automatic
+metrics on against torchrun: ≤ 1.03× at ~1 ms steps, ≤ 1.01× at ~10 ms steps.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_auto_metrics.py [--repeats 5] [--steps 1000] [--json auto.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+SCRIPT = """import sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+steps, width = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randn(32, 1)
+for step in range(20):  # warm-up, not timed
+    loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+times = []
+for step in range(steps):
+    t = time.perf_counter()
+    loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    times.append(time.perf_counter() - t)
+if rank == 0:
+    times.sort()
+    print(f"STEP_MEDIAN_S {times[len(times) // 2]:.7f} STEP_MEAN_S {sum(times) / len(times):.7f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+KINDS = ("torchrun", "jdist off", "jdist on")
+#: (label, hidden width, step count factor), the targets: automatic metrics on / torchrun.
+SIZES = (("~1 ms steps", 64, 1.0, 1.03), ("~10 ms steps", 1024, 0.3, 1.01))
+
+
+def command(kind: str, *args: str) -> list[str]:
+    if kind == "torchrun":
+        return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "train.py", *args]
+    auto = ["--auto-metrics", "off"] if kind == "jdist off" else []
+    return [sys.executable, "-m", "jdist", "run", "-n", "2", "--no-live", *auto, "train.py", *args]
+
+
+def run_once(kind: str, work: Path, steps: int, width: int, retried: bool = False) -> tuple[float, float]:
+    out = subprocess.run(command(kind, str(steps), str(width)), cwd=work, capture_output=True, text=True, timeout=600,
+                         check=False)
+    if out.returncode != 0:
+        if "terminate called without an active exception" in out.stderr and not retried:
+            return run_once(kind, work, steps, width, True)  # gloo's teardown abort, seen under torchrun too
+        raise SystemExit(f"{kind} failed:\n{out.stdout}\n{out.stderr}")
+    for line in out.stdout.splitlines():
+        if line.startswith("STEP_MEDIAN_S"):
+            parts = line.split()
+            return float(parts[1]), float(parts[3])
+    raise SystemExit(f"{kind}: no step times in\n{out.stdout}\n{out.stderr}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1000, help="timed steps at ~1 ms (x0.3 at ~10 ms)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    medians: dict[tuple[str, str], list[float]] = {}
+    means: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        os.environ["JDIST_RUN_DIR"] = str(work / "runs")
+        (work / "train.py").write_text(SCRIPT)
+        for i in range(args.repeats):
+            order = KINDS[i % 3:] + KINDS[:i % 3]  # interleaved, the order rotating
+            for label, width, factor, _ in SIZES:
+                for kind in order:
+                    t0 = time.monotonic()
+                    median, mean = run_once(kind, work, max(50, int(args.steps * factor)), width)
+                    medians.setdefault((label, kind), []).append(1000 * median)
+                    means.setdefault((label, kind), []).append(1000 * mean)
+                    print(f"  round {i + 1} {label} {kind}: median {1000 * median:.3f} ms "
+                          f"({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+    print(f"\nunchanged DDP script, 2 CPU ranks, median of {args.repeats} interleaved rounds (ms per step)\n")
+    print(f"{'':<24} {'torchrun':>9} {'jdist off':>10} {'jdist on':>9} {'off/tr':>7} {'on/tr':>7}  target   ok")
+    summary = {}
+    for label, _, _, target in SIZES:
+        for stat, table in (("median", medians), ("mean", means)):
+            t, off, on = (statistics.median(table[(label, k)]) for k in KINDS)
+            ok = on / t <= target
+            name = f"{label}, {stat}"
+            print(f"{name:<24} {t:>9.3f} {off:>10.3f} {on:>9.3f} {off / t:>7.3f} {on / t:>7.3f}  ≤ {target:<5} "
+                  f"{'yes' if ok else 'NO'}")
+            summary[name] = {k: table[(label, k)] for k in KINDS} | {"target": target, "ok": ok}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""Records without ``jdist.log``: each optimizer step of an unchanged script is one record, with its loss.
+
+``--auto-metrics on`` (the default; :data:`jdist.options.ClusterConfig.auto_metrics`) gives every rank an
+:class:`AutoSteps` and the hooks its backend installs (:meth:`jdist.rank.backends.Backend.auto_metric_hooks`):
+
+* **a step** ends at the first optimizer step after at least one backward pass: torch's global
+  ``register_optimizer_step_post_hook`` (every ``torch.optim.Optimizer`` the script builds, Horovod's
+  ``DistributedOptimizer`` included), ``GradScaler.step`` (also a step it skips for inf/nan), and a
+  backend's engine step (DeepSpeed: ``engine.step()`` on an accumulation boundary). Several backwards
+  before one step (gradient accumulation) are one step; a second optimizer stepped after the same
+  backwards adds nothing (nor do optimizers nested in another's step);
+* **the loss** is the sum, over the backwards of the step, of the value of each scalar tensor
+  ``.backward()`` was called on (``torch.autograd.backward`` without explicit gradients):
+  ``loss.backward()``, ``scaler.scale(loss).backward()`` (the loss before scaling),
+  ``engine.backward(loss)`` (DeepSpeed: ``loss / gradient_accumulation_steps``). With one backward a
+  step that is its loss; with accumulation of ``loss / K`` (the usual way) the mean loss of the K
+  micro-batches. The tensors are kept, not read: the record of step N is queued at step N+1 (or at the
+  cell's end), and its values are read by the session's publisher thread (CPU) or copied to the host
+  with a non-blocking copy and a CUDA event (GPU, :func:`jdist.rank.sources.defer_device_value`'s way):
+  the step never waits for the device;
+* **communication time**: the intervals of the collectives the rank starts, from the comm timer
+  (:class:`~jdist.rank.backends.base.CommTimer`): see :func:`torch_hooks` for what is timed and what is missed;
+* step time, memory and the rest come from the sources (:mod:`jdist.rank.sources`), as for ``jdist.log``.
+
+A cell (or script) that calls ``jdist.log`` itself gets its records from those calls only: at its first
+``jdist.log`` the automatic records stop for the rest of the cell, and the step held back (not yet sent)
+is dropped, its communication intervals handed to that log's record; so one loss series, the explicit
+one, and nothing doubled. ``--auto-metrics off`` installs none of these hooks (and removes them from a
+running cluster).
+
+The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one
+post hook (a clock reading, a small dict and tuple: the record held back), per collective a timing
+wrapper (two clock readings), per DDP gradient bucket a clock reading in jdist's communication hook, whose
+future has one Python callback (taking the reduced tensor out of the all-reduce's result, as torch's own
+``allreduce_hook`` does; the bucket's interval ends with the backward pass, so there is no second
+callback for timing: each such callback is a thread switch with the GIL, measured at about 35 µs on 2
+loaded CPU cores). Nothing is read from a device, nothing is locked.
+
+Example (a session of one process; the hooks are torch's):
+    >>> import torch
+    >>> from jdist.rank.session import local_session
+    >>> with local_session() as s:
+    ...     steps = enable(s)
+    ...     w = torch.nn.Parameter(torch.ones(1)); opt = torch.optim.SGD([w], lr=0.1)
+    ...     for i in range(3):
+    ...         loss = (w * 2).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    ...     records = s.end_cell()["records"]
+    ...     disable(s)
+    >>> [(r["step"], round(r["loss"], 3)) for r in records]
+    [(0, 2.0), (1, 1.6), (2, 1.2)]
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .backends.base import TIMING, CommTimer
+from .stream import Entry
+
+if TYPE_CHECKING:
+    from .session import RankSession
+
+#: The collectives of ``torch.distributed`` that are timed (the names this torch has).
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "reduce",
+               "all_to_all", "all_to_all_single")
+
+
+class AutoSteps:
+    """One rank's automatic step records (see the module doc). The hooks call :meth:`backward` /
+    :meth:`root` and :meth:`stepped`; the session calls :meth:`begin_cell`, :meth:`explicit_log`
+    (a ``jdist.log`` of the script's) and :meth:`flush` (the cell's end)."""
+
+    def __init__(self, session: RankSession) -> None:
+        self.session = session
+        self.uninstall: list[Callable[[], None]] = []  # what the hooks' installers return
+        self.mute = 0  # > 0 inside an engine's backward that reported its loss itself
+        self.backward_depth = 0  # > 0 inside torch.autograd.backward (its wrapper)
+        self.comm_starts: list[Any] = []  # DDP buckets in flight: their ends are the backward's end
+        self.kind = session.ctx.device_kind
+        self.begin_cell()
+
+    def begin_cell(self) -> None:
+        self.backwards = 0  # backward passes since the last step
+        self.roots: list[tuple[Any, float]] = []  # (scalar tensor .backward() was called on, factor)
+        self.count = 0  # steps recorded in this cell
+        self.held: Entry | None = None  # the newest step's entry, queued at the next step or the cell's end
+        self.explicit = False  # the cell called jdist.log: its records are those
+
+    # -- the hooks ---------------------------------------------------------------------------
+    def root(self, tensor: Any, factor: float = 1.0) -> None:
+        """A backward pass from the scalar ``tensor`` (its value x ``factor`` is this backward's loss)."""
+        self.backwards += 1
+        self.roots.append((tensor, factor))
+
+    def backward(self) -> None:
+        """A backward pass whose root is not a loss (explicit gradients)."""
+        self.backwards += 1
+
+    def comm_ended(self) -> None:
+        """A backward pass returned: the DDP buckets it all-reduced are done (DDP waited for them)."""
+        starts, self.comm_starts = self.comm_starts, []
+        timer = self.session.timer
+        if self.kind == "cuda":
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            for start in starts:
+                timer.record_cuda(start, end)
+        else:
+            end = time.perf_counter()
+            for start in starts:
+                timer.record(start, end)
+
+    def stepped(self) -> None:
+        """An optimizer step ended: the first after a backward ends the training step."""
+        if not self.backwards:
+            return
+        if self.comm_starts:  # (a backward outside torch.autograd.backward: torch.autograd.grad)
+            self.comm_ended()
+        now = time.perf_counter()
+        roots, self.roots, self.backwards = self.roots, [], 0
+        if self.explicit:
+            return
+        s = self.session
+        timer = s.timer
+        entry = ({"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()},
+                 now, timer.take_intervals(), timer.take_events(), s.train.forwards, roots)
+        self.count += 1
+        held, self.held = self.held, entry
+        if held is not None:
+            self._queue(held)
+
+    # -- the session's ---------------------------------------------------------------------------
+    def explicit_log(self) -> None:
+        """The cell called ``jdist.log``: no automatic records from now on in this cell; the step held
+        back is dropped and its communication goes to that log's record."""
+        self.explicit = True
+        held, self.held = self.held, None
+        if held is not None:
+            self.session.timer.give_back(held[2], held[3])
+
+    def flush(self) -> None:
+        """The cell ends: queue the step held back."""
+        held, self.held = self.held, None
+        if held is not None:
+            self._queue(held)
+
+    def _queue(self, entry: Entry) -> None:
+        rec, now, intervals, events, forwards, roots = entry
+        self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
+
+
+def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:
+    """The deferred ``loss`` of a step (:data:`jdist.rank.stream.Entry`'s last field): CPU tensors are read
+    by the publisher thread; CUDA ones are copied to the host without waiting (one event after the copies)."""
+    if not roots:
+        return None
+    if s.ctx.device_kind != "cuda" or not any(t.device.type == "cuda" for t, _ in roots):
+        return [("loss", roots, None)]
+    import torch
+
+    copies = [(t.detach().to("cpu", non_blocking=True) if t.device.type == "cuda" else t, f) for t, f in roots]
+    event = torch.cuda.Event()
+    event.record()
+    return [("loss", copies, event)]
+
+
+def logs_itself() -> None:
+    """A framework integration that calls ``jdist.log`` on its own schedule (every logging step, not
+    every optimizer step) starts: no automatic records in this cell (as at a first ``jdist.log``)."""
+    from .session import current
+
+    s = current()
+    if s is not None and s.auto is not None and not s.auto.explicit:
+        s.auto.explicit_log()
+
+
+def enable(s: RankSession) -> AutoSteps:
+    """Install the automatic step records on this rank (idempotent): the session's :class:`AutoSteps`
+    and its backend's hooks (torch's when there is no backend)."""
+    if s.auto is not None:
+        return s.auto
+    steps = AutoSteps(s)
+    if s.backend is not None:
+        steps.uninstall = list(s.backend.auto_metric_hooks(steps))
+    else:
+        steps.uninstall = torch_hooks(steps, s.timer, s.ctx.device_kind)
+    s.auto = steps
+    return steps
+
+
+def disable(s: RankSession) -> None:
+    """Remove every hook :func:`enable` installed (``--auto-metrics off``)."""
+    steps, s.auto = s.auto, None
+    if steps is not None:
+        for undo in reversed(steps.uninstall):
+            undo()
+        steps.uninstall = []
+
+
+def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
+    """Replace ``owner.name`` with ``make(original)``; returns what puts the original back."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, make(original))
+
+    def undo() -> None:
+        setattr(owner, name, original)
+
+    return undo
+
+
+def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], None]]:
+    """The hooks of a torch rank; returns their removers.
+
+    * steps: torch's global optimizer step post hook; ``GradScaler.step`` (a step it skips included);
+    * the loss: ``torch.autograd.backward`` (``Tensor.backward`` calls it) notes each root that is a
+      tensor without explicit gradients; ``GradScaler.scale`` maps a scaled loss to the loss;
+    * communication (into ``timer``: wall-clock intervals on CPU ranks, CUDA event pairs on GPU ranks,
+      :func:`~jdist.rank.backends.base.timed_call`): a ``DistributedDataParallel`` the script builds gets
+      jdist's timing communication hook around its all-reduce (:func:`timed_comm_hook`: each bucket from the
+      start of its all-reduce to the end of the backward pass, an upper bound with several buckets; a hook
+      the script registers later runs inside it: ``register_comm_hook`` and the built-in ones are routed
+      there; a DDP whose constructor already registered one, as with ``mixed_precision=``, is not timed,
+      and DDP's ``static_graph`` and fused-optimizer paths are not tried); and every call of the collectives in
+      :data:`COLLECTIVES` through ``torch.distributed`` (the script's own ``dist.all_reduce``; FSDP2's
+      all-gathers and reduce-scatters, which it issues through them; DeepSpeed's). A collective issued
+      from C++ without passing through Python (DDP's built-in all-reduce, were the hook refused; NCCL
+      work inside compiled graphs; functional collectives ``torch.distributed._functional_collectives``)
+      and ``barrier`` are not timed. An asynchronous collective counts until its future completes.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.amp.grad_scaler import GradScaler
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from .backends.base import timed_call
+
+    undo: list[Callable[[], None]] = []
+    handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: steps.stepped())
+    undo.append(handle.remove)
+
+    scaled: list[Any] = [None]  # (the scaled output, the loss) of the last GradScaler.scale
+    Tensor = torch.Tensor
+
+    def make_backward(real: Any) -> Any:
+        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if not steps.mute:
+                if grad_tensors is None and isinstance(tensors, Tensor):
+                    last = scaled[0]
+                    if last is not None and last[0] is tensors:
+                        scaled[0] = None
+                        tensors_ = last[1]
+                    else:
+                        tensors_ = tensors
+                    steps.roots.append((tensors_, 1.0))
+                steps.backwards += 1
+            steps.backward_depth += 1
+            try:
+                return real(tensors, grad_tensors, *args, **kwargs)
+            finally:
+                steps.backward_depth -= 1
+                if steps.comm_starts and not steps.backward_depth:
+                    steps.comm_ended()
+
+        backward.__wrapped__ = real  # type: ignore[attr-defined]
+        return backward
+
+    undo.append(patch(torch.autograd, "backward", make_backward))
+
+    def make_scale(real: Any) -> Any:
+        def scale(self: Any, outputs: Any) -> Any:
+            out = real(self, outputs)
+            if isinstance(outputs, Tensor):
+                scaled[0] = (out, outputs)
+            return out
+
+        return scale
+
+    def make_step(real: Any) -> Any:
+        def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = real(self, *args, **kwargs)
+            steps.stepped()  # after the optimizer's own post hook, if it stepped: nothing more
+            return out
+
+        return step
+
+    undo.append(patch(GradScaler, "scale", make_scale))
+    undo.append(patch(GradScaler, "step", make_step))
+
+    def make_collective(real: Any) -> Any:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            return timed_call(timer, kind, lambda: real(*args, **kwargs), bool(kwargs.get("async_op")))
+
+        collective.__wrapped__ = real  # type: ignore[attr-defined]
+        collective.__name__ = getattr(real, "__name__", "collective")
+        return collective
+
+    for name in COLLECTIVES:
+        real = getattr(c10d, name, None)
+        if real is None:
+            continue
+        timed = make_collective(real)
+        for module in (dist, c10d):
+            if getattr(module, name, None) is real:
+                setattr(module, name, timed)
+                undo.append(lambda module=module, name=name, real=real: setattr(module, name, real))
+
+    def make_init(real: Any) -> Any:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            real(self, *args, **kwargs)
+            if not self._comm_hooks:  # none registered while it was built (mixed_precision= registers one)
+                time_ddp(self, timer, kind, steps)
+
+        return __init__
+
+    undo.append(patch(DistributedDataParallel, "__init__", make_init))
+    return undo
+
+
+class CommHookState:
+    """The ``state`` of jdist's timing communication hook on a ``DistributedDataParallel``: its process
+    group (None: the default group, looked up at each call, so a group jdist re-created after a release is
+    used), the hook the script registered after it (``inner``: ``(state, hook)``), which runs inside the
+    timing (None: DDP's all-reduce, the sum divided by the group's size), and ``steps``: with automatic
+    metrics on, the :class:`AutoSteps` whose backward wrapper ends the buckets' intervals."""
+
+    def __init__(self, group: Any = None, steps: AutoSteps | None = None) -> None:
+        self.group = group
+        self.steps = steps
+        self.inner: tuple[Any, Callable[..., Any]] | None = None
+
+
+def _first(fut: Any) -> Any:
+    return fut.value()[0]
+
+
+def timed_comm_hook(timer: CommTimer, kind: str) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook that all-reduces each gradient bucket (the process group's own
+    ``allreduce``, the bucket divided by the group's size first, as torch's ``allreduce_hook``) or runs the
+    hook in its :class:`CommHookState`, and reports to ``timer`` how long it was in flight: from the start
+    of the bucket's all-reduce (CPU: ``time.perf_counter``; GPU: a CUDA timing event, read lazily, so the
+    hook never synchronises) to
+
+    * with automatic metrics on (``state.steps``): the end of the backward pass (DDP waits there for every
+      bucket), noted by the ``torch.autograd.backward`` wrapper: no callback of jdist's on the future (a
+      Python callback is a thread switch with the GIL per bucket); an upper bound where a bucket's
+      all-reduce ends before the backward's last gradients are computed (several buckets);
+    * otherwise (a prepared model with ``--auto-metrics off``): the completion of the bucket's future, in
+      a callback on it."""
+    import torch
+    import torch.distributed as dist
+
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    cuda = kind == "cuda"
+
+    def start_allreduce(state: Any, bucket: Any) -> Any:
+        inner = state.inner if state is not None else None
+        if inner is not None:
+            TIMING[0] += 1  # the collectives it calls are this hook's, counted once
+            try:
+                return inner[1](inner[0], bucket)
+            finally:
+                TIMING[0] -= 1
+        group = state.group if state is not None and state.group is not None else dist.group.WORLD
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        return group.allreduce([tensor], opts).get_future()
+
+    def hook(state, bucket):  # no annotations: DDP checks them at run time
+        if cuda:
+            start: Any = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start = time.perf_counter()
+        fut = start_allreduce(state, bucket)
+        direct = state is None or state.inner is None
+        steps = state.steps if state is not None else None
+        if steps is not None and steps.backward_depth:  # ended by the backward wrapper
+            steps.comm_starts.append(start)
+            return fut.then(_first) if direct else fut
+
+        def done(f: Any) -> Any:
+            if cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()  # on the stream the result is ready on
+                timer.record_cuda(start, end)
+            else:
+                timer.record(start, time.perf_counter())
+            return f.value()[0] if direct else f.value()
+
+        return fut.then(done)
+
+    return hook
+
+
+def time_ddp(ddp: Any, timer: CommTimer, kind: str, steps: AutoSteps | None = None) -> None:
+    """Register :func:`timed_comm_hook` on a ``DistributedDataParallel`` (``ddp._jdist_comm``: its state),
+    on the DDP's own process group; a hook registered on it later (``register_comm_hook``, or a built-in
+    one: its Python equivalent) runs inside the timing hook instead of being refused by DDP."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    group = getattr(ddp, "process_group", None)
+    state = CommHookState(None if group is None or group is dist.group.WORLD else group, steps)
+    ddp.register_comm_hook(state, timed_comm_hook(timer, kind))
+    ddp._jdist_comm = state
+
+    def register_comm_hook(hook_state: Any, hook: Callable[..., Any]) -> None:
+        state.inner = (hook_state, hook)
+
+    builtin = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+               dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
+
+    def register_builtin_comm_hook(comm_hook_type: Any) -> None:
+        state.inner = (state.group, builtin[comm_hook_type])
+
+    ddp.register_comm_hook = register_comm_hook
+    ddp._register_builtin_comm_hook = register_builtin_comm_hook
+
+
+__all__ = ["COLLECTIVES", "AutoSteps", "CommHookState", "disable", "enable", "logs_itself", "loss_values", "patch",
+           "time_ddp", "timed_comm_hook", "torch_hooks"]
