@@ -9,8 +9,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.jdist-installed
 PYTEST_FLAGS ?= -q --durations=12
+# make test: two pytest-xdist workers, each running whole test files (tests/conftest.py: families, longest first)
+TEST_WORKERS ?= 2
 
-.PHONY: venv horovod deepspeed tf chromium testbed labextension demo test test-fast bench lab clean
+.PHONY: venv horovod deepspeed tf chromium testbed labextension demo test test-fast bench lab clean \
+	packaging check-wheel check-extras check-binder docs
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== Creating $(VENV) and installing jdist with its test dependencies =="
@@ -41,14 +44,42 @@ demo: venv
 	$(BIN)/python tools/run_notebook.py notebooks/01-quickstart.ipynb --out build/
 
 # One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
-# (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output).
+# (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output); then the packaging
+# checks (make packaging), which make clean venvs and so run outside pytest's time budget.
 test: venv horovod deepspeed tf chromium testbed
-	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks $(PYTEST_FLAGS)
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks -n $(TEST_WORKERS) $(PYTEST_FLAGS)
+	$(MAKE) --no-print-directory packaging
 
 # The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI
 # cluster, Jupyter server or browser (tests marked `cluster` are left out). Under a minute.
 test-fast: venv
 	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest -m "not cluster" tests jdist $(PYTEST_FLAGS)
+
+# What a user gets, checked as a user gets it (tools/check_*.py: clean venvs made by uv, torch = TORCH_SPEC);
+# each prints `check-NAME: N passed, M failed` and its times. `make test` runs them after pytest.
+packaging: check-wheel check-extras check-binder docs
+
+# The sdist and wheel (python -m build, twine check --strict); the wheel alone in a clean venv with torch
+# and JupyterLab: one version everywhere, both extensions enabled, the quickstart run through a real
+# jupyter server while the sidebar's endpoints list its cluster.
+check-wheel: venv
+	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python tools/check_wheel.py
+
+# Each extra of the wheel alone in a clean venv: uv pip check, and the modules it promises import.
+check-extras: venv
+	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python tools/check_extras.py
+
+# binder/: what jupyter-repo2docker --no-build would build, those steps in a clean venv, and the binder
+# notebooks (binder/notebooks.txt) executed under a 2 GiB memory cgroup, with their peak memory.
+check-binder: venv
+	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python tools/check_binder.py
+
+# The documentation site (Sphinx, PyData theme, MyST; notebooks from their saved outputs) with warnings as
+# errors, then every internal link and anchor of the built HTML. Open build/docs/html/index.html.
+docs: venv
+	rm -rf build/docs/html
+	$(BIN)/python -m sphinx -E -W --keep-going -q -b html -c docs -d build/docs/doctrees . build/docs/html
+	$(BIN)/python tools/check_docs_links.py build/docs/html
 
 # Debian chromium for the browser test (tests/test_browser.py); installed only if missing.
 chromium:

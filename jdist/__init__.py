@@ -36,7 +36,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+try:  # written from the git tags when jdist is built or installed (pyproject.toml, [tool.hatch.version])
+    from ._version import __version__
+except ImportError:  # a source tree that was never built nor installed
+    __version__ = "0.0.0+unknown"
 
 #: name -> module that defines it (imported on first use, then cached here).
 _LAZY = {

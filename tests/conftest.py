@@ -37,12 +37,44 @@ HEAVY_FIXTURES = {"kernel_env", "cluster", "server", "lab", "browser"}
 #: Test files followed directly by a notebook that trains on what they started (one Ray per session).
 NEXT_TO = {"tests/test_ray.py": "notebooks/12-ray-train.ipynb"}
 
+#: ``make test`` runs two pytest-xdist workers; each file is a family that one worker runs whole
+#: (its module-scoped kernels and clusters start once). A file named here joins another's family:
+#: it uses what that one started.
+FAMILY_OF = {"notebooks/12-ray-train.ipynb": "tests/test_ray.py"}
+
+#: The families that take longest (the 2-core CI machine's last measurement): handed out first, so that
+#: no worker is left with a long one while the other idles.
+LONGEST_FIRST = ("tests/test_multinode.py", "tests/test_ray.py", "tests/test_cli.py", "tests/test_fault_matrix.py",
+                 "tests/test_deepspeed.py", "tests/test_training.py", "tests/test_tune.py", "tests/test_lifecycle.py",
+                 "tests/test_tf.py", "tests/test_browser.py", "tests/test_faults.py")
+
+
+def family(nodeid: str) -> str:
+    """The file whose worker runs the test ``nodeid``: its own, or the one :data:`FAMILY_OF` names."""
+    path = nodeid.split("::")[0]
+    return FAMILY_OF.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``make test``), a worker takes a whole family at a time, longest first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFamily(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return family(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order: LONGEST_FIRST
+    return ByFamily(config, log)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         heavy = HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         if heavy or item.nodeid.endswith(".ipynb") or ".ipynb::" in item.nodeid:
             item.add_marker(pytest.mark.cluster)
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(family(item.nodeid), len(rank)))  # stable: the rest keep their order
     for tests, notebook in NEXT_TO.items():
         cells = [item for item in items if item.nodeid.startswith(notebook)]
         last = max((i for i, item in enumerate(items) if item.nodeid.startswith(tests + "::")), default=None)

@@ -45,7 +45,11 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from jdist import __version__
+
     p = argparse.ArgumentParser(prog="jdist", description="Run scripts on jdist's ranks; read the run log.")
+    p.add_argument("--version", action="version", version=f"jdist {__version__}",
+                   help="Print jdist's version (the same as jdist.__version__) and exit.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_parser(sub.add_parser(
         "run", help="Run a script on every rank (the options of %%%%distributed).",
