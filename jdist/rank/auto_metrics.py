@@ -79,6 +79,7 @@ class AutoSteps:
         self.backward_depth = 0  # > 0 inside torch.autograd.backward (its wrapper)
         self.comm_starts: list[Any] = []  # DDP buckets in flight: their ends are the backward's end
         self.kind = session.ctx.device_kind
+        self.integration = False  # a framework integration logs on this rank (logs_itself): for every cell
         self.begin_cell()
 
     def begin_cell(self) -> None:
@@ -86,7 +87,7 @@ class AutoSteps:
         self.roots: list[tuple[Any, float]] = []  # (scalar tensor .backward() was called on, factor)
         self.count = 0  # steps recorded in this cell
         self.held: Entry | None = None  # the newest step's entry, queued at the next step or the cell's end
-        self.explicit = False  # the cell called jdist.log: its records are those
+        self.explicit = self.integration  # the cell called jdist.log: its records are those
 
     # -- the hooks ---------------------------------------------------------------------------
     def root(self, tensor: Any, factor: float = 1.0) -> None:
@@ -170,12 +171,17 @@ def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[st
 
 def logs_itself() -> None:
     """A framework integration that calls ``jdist.log`` on its own schedule (every logging step, not
-    every optimizer step) starts: no automatic records in this cell (as at a first ``jdist.log``)."""
+    every optimizer step) starts: no automatic records on this rank from now on, in this cell (as at a first
+    ``jdist.log``) and the next ones (an Accelerate tracker made in one cell logs the training of a later
+    one; on the ranks it does not log from, Accelerate's main process being rank 0, nothing is recorded,
+    rather than a second, automatic series beside rank 0's)."""
     from .session import current
 
     s = current()
-    if s is not None and s.auto is not None and not s.auto.explicit:
-        s.auto.explicit_log()
+    if s is not None and s.auto is not None:
+        s.auto.integration = True
+        if not s.auto.explicit:
+            s.auto.explicit_log()
 
 
 def enable(s: RankSession) -> AutoSteps:

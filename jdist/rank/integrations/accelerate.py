@@ -30,7 +30,7 @@ class AccelerateTracker(_tracking.GeneralTracker):
         super().__init__()
         from ..auto_metrics import logs_itself
 
-        logs_itself()  # accelerator.log(...) is this cell's record: no automatic records beside them
+        logs_itself()  # accelerator.log(...) gives the records, in this cell and later ones: no automatic ones
         self.run_name = run_name
         self.config: dict[str, Any] = {}
 
