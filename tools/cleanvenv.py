@@ -109,7 +109,10 @@ class CleanVenv:
     def install(self, *requirements: str, what: str = "") -> float:
         """``uv pip install`` into this venv; returns the seconds it took."""
         t0 = time.monotonic()
-        self._run([uv_bin(), "pip", "install", "-q", "--python", self.python, *requirements],
+        # jdist itself is built afresh each time: uv keeps a build of a local folder until its pyproject.toml
+        # changes, and the checks must test this tree's code (a stale build was seen here)
+        self._run([uv_bin(), "pip", "install", "-q", "--python", self.python, "--refresh-package", "jdist",
+                   "--reinstall-package", "jdist", *requirements],
                   f"uv pip install {what or ' '.join(requirements)}")
         return time.monotonic() - t0
 
