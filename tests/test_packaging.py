@@ -7,7 +7,6 @@ check-binder, docs), each with its own pass/fail line.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
 import subprocess
@@ -41,7 +40,8 @@ def test_version_has_one_source(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert stop.value.code == 0
     assert capsys.readouterr().out.strip() == f"jdist {jdist.__version__}"
-    assert jdist.__version__ == importlib.metadata.version("jdist")
+    # (that it equals the installed metadata is make check-wheel's check, in a clean venv: in a checkout, each
+    # build of the sdist or wheel rewrites jdist/_version.py, while the editable install keeps its metadata)
     assert jdist.__version__ != "0.0.0+unknown", "jdist/_version.py is missing: reinstall (pip install -e .)"
 
 
