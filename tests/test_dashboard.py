@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jdist.kernel.dashboard import Dashboard, charts_lib, render_svg, static_bundle
+from jdist.kernel.dashboard import widget
 from jdist.metrics import Run
 from jdist.metrics.panels import MAX_POINTS, PANELS, panels
 
@@ -353,7 +354,10 @@ def test_finish_outside_kernel_prints_summary_and_closes(capsys):
     assert d.update(force=True) is False
 
 
-def test_the_chart_code_is_one_widget_shared_by_every_dashboard():
+def test_the_chart_code_is_one_widget_shared_by_every_dashboard(monkeypatch):
+    # a library made by an earlier test in this process may be registered with another comm manager
+    # (importing ipykernel.ipkernel swaps comm.get_comm_manager; a kernel imports it before anything)
+    monkeypatch.setattr(widget, "_lib", None)
     d1 = Dashboard(make_run())
     d1.finish()
     d2 = Dashboard(Run("next", world_size=1))

@@ -175,9 +175,11 @@ def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkey
     h = run.history
     assert h.step_time_s.notna().any() and h.mem_bytes.notna().all()  # the automatic metrics came too
     # step 0's step time counts from the training function's start (what the dashboard leaves out as set-up),
-    # not from Ray's set-up of the worker group before it (0.4-0.6 s more on 2 cores)
+    # not from Ray's set-up of the worker group before it (0.4-0.6 s more on 2 cores); the session's opening
+    # comes between (0.05-0.09 s seen on a loaded CI machine)
     first = h[h.step == 0]
-    assert len(first) == 2 and ((first.began - (first.time - first.step_time_s)).abs() < 0.05).all(), first
+    opened_before = first.began - (first.time - first.step_time_s)
+    assert len(first) == 2 and opened_before.between(0, 0.3).all(), first
     # the reports (at steps 9, 19...) are no worker's first record; the epoch they name is a field
     reports = h.dropna(subset=["reported"])
     assert run.first_steps() == {0: 0, 1: 0} and len(reports) and (reports.epoch == reports.step // 10).all()

@@ -339,6 +339,8 @@ def test_restart_and_stop_run_in_the_idle_kernel(server, session):
     # the old id is gone
     assert server.request("POST", f"{API}/clusters/{old['cluster_id']}/stop")[0] == 404
 
+    # the cell's end reaches the server through IOPub a moment later (stop refuses a busy kernel: 409)
+    wait_for(lambda: [c for c in clusters(server) if c["kernel_state"] == "idle"], what="the kernel idle again")
     status, body = server.request("POST", f"{API}/clusters/{new['cluster_id']}/stop")
     assert status == 200 and body["message"] == "Cluster stopped.", body
     assert clusters(server) == []
