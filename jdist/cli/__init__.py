@@ -90,14 +90,19 @@ def _view_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``jdist`` command; returns the exit code."""
+    """The ``jdist`` command; returns the exit code. As the program (``argv`` from ``sys.argv``), ``jdist run``'s
+    process then ends within :data:`~jdist.cli.run.EXIT_BOUND_S` whatever its exit's clean-up does."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     if args.command == "run":
-        from .run import run
+        from .run import EXIT_BOUND_S, exit_within, run
 
         args.argv = argv[1:]
-        return run(args, _say)
+        code = run(args, _say)
+        if program:
+            exit_within(EXIT_BOUND_S, code, _say)
+        return code
     from . import clusters, runs
 
     command = {"runs": runs.list_command, "show": runs.show_command, "watch": runs.watch_command,

@@ -20,9 +20,11 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +46,9 @@ EXIT_CODES = {
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_LAUNCH, EXIT_HANG = 0, 1, 2, 3, 4
 #: 128+N: a rank was killed by signal N (137: SIGKILL, often the out-of-memory killer).
 SIGNAL_BASE = 128
+#: Seconds the cluster's stop gets at the end of ``jdist run``, then the exit's clean-up (atexit handlers,
+#: threads that are not daemons). A stop takes 1-10 s; a run that ended never hangs its terminal or batch job.
+STOP_BOUND_S, EXIT_BOUND_S = 60.0, 20.0
 
 
 
@@ -286,7 +291,47 @@ def run(args: Any, say: Callable[[str], None]) -> int:
             return SIGNAL_BASE + term.signum
         finally:
             signals.armed = False
-            cluster.stop(busy=busy)
+            stop_within(lambda: cluster.stop(busy=busy), STOP_BOUND_S, say)
+
+
+def stop_within(stop: Callable[[], None], seconds: float, say: Callable[[str], None]) -> bool:
+    """Call ``stop`` (the cluster's) for at most ``seconds``; True when it returned. Past that, one line
+    says so and the caller goes on to exit: the ranks end themselves when their owner (this process) is
+    gone, and nothing waits forever on a controller that stopped answering.
+
+    >>> stop_within(lambda: None, 1, print)
+    True
+    >>> stop_within(lambda: time.sleep(5), 0.1, print)
+    stopping the ranks took over 0.1 s: exiting without waiting (the ranks end when this process does)
+    False
+    """
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            stop()
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="jdist-stop", daemon=True).start()
+    if done.wait(seconds):
+        return True
+    say(f"stopping the ranks took over {seconds:g} s: exiting without waiting (the ranks end when this process does)")
+    return False
+
+
+def exit_within(seconds: float, code: int, say: Callable[[str], None]) -> None:
+    """After the command's work, the interpreter's exit (atexit handlers, threads that are not daemons) gets
+    ``seconds``; then the process ends with ``code`` and one line that says so."""
+
+    def now() -> None:
+        say(f"exiting took over {seconds:g} s (a clean-up did not end): exiting now")
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, now)
+    timer.daemon = True
+    timer.start()
 
 
 def offer(cluster: Any, run: Run, minutes: float, say: Callable[[str], None]) -> bool:
@@ -332,5 +377,5 @@ def _text(script: Path, limit: int = 256 * 1024) -> str:
     return data if len(data) <= limit else data[:limit] + "\n# ... (cut at 256 KiB)\n"
 
 
-__all__ = ["EXIT_CODES", "Signals", "Terminate", "error_entries", "exit_code_of", "outcome_lines", "run",
-           "script_code"]
+__all__ = ["EXIT_CODES", "Signals", "Terminate", "error_entries", "exit_code_of", "exit_within", "outcome_lines", "run",
+           "script_code", "stop_within"]
