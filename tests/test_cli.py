@@ -57,9 +57,9 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     train(args, rank)
+    print(f"rank {rank} done, argv {sys.argv[1:]}, name {__name__}, threads {torch.get_num_threads()}", flush=True)
     if args.exit is not None:
         sys.exit(args.exit)
-    print(f"rank {rank} done, argv {sys.argv[1:]}, name {__name__}, threads {torch.get_num_threads()}", flush=True)
     dist.destroy_process_group()
 if __name__ == "__main__":
     main()
@@ -90,39 +90,35 @@ def gone(pids: list[int]) -> bool:
 
 def test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log(work, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's: kept on the ranks as torchrun keeps it (else 2 cores / 2)
-    out = jdist("run", "-n", "2", "train.py", "--steps", "20", "--sleep", "0")
-    assert out.returncode == 0, out.stderr
-    # rank 0's output (the default), the script as __main__ with its own arguments, untouched
-    assert "rank 0 done, argv ['--steps', '20', '--sleep', '0'], name __main__, threads 3" in out.stdout
-    assert "rank 1 done" not in out.stdout
-    assert "finished after" in out.stdout and "loss:" in out.stdout  # the run's summary at the end
-    assert "jdist run train.py: finished on 2 rank(s)" in out.stderr
-    run = read_run(only_run(work))
-    assert run.status == "finished" and run.world_size == 2 and run.count() == 40
-    assert run.code.startswith("# $ jdist run -n 2 train.py --steps 20") and "import argparse" in run.code
-    assert not (run.path / "errors.json").exists()
-    listed = jdist("runs", "--json")
-    row = json.loads(listed.stdout.splitlines()[0])
-    assert row["run_id"] == run.run_id and row["status"] == "finished" and row["steps"] == 20
-    assert row["title"] == "jdist run -n 2 train.py --steps 20 --sleep 0"
-    shown = jdist("show", run.run_id[:15])
-    assert shown.returncode == 0 and f"jdist run {run.run_id}: finished" in shown.stdout
-    history = jdist("show", "--history")
-    assert history.stdout.splitlines()[0].startswith("rank,") and len(history.stdout.splitlines()) == 41
-
-
-def test_the_plain_view_prints_status_lines_when_stdout_is_not_a_terminal(work, monkeypatch):
     # the options from a profile, as in a cell: --cluster NAME
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(work / "config"))
     (work / "config" / "jdist").mkdir(parents=True)
     (work / "config" / "jdist" / "clusters.toml").write_text('[pair]\nn = 2\nwatchdog = 30\n')
-    out = jdist("run", "--cluster", "pair", "--every", "0.3", "train.py", "--steps", "40", "--sleep", "0.05",
-                "--exit", "0")
+    args = ("--cluster", "pair", "--every", "0.3", "train.py", "--steps", "20", "--sleep", "0.05", "--exit", "0")
+    out = jdist("run", *args)
     assert out.returncode == 0, out.stderr  # sys.exit(0) is a normal end, as for python itself
     assert "Ready: 2 rank(s)" in out.stderr
+    # rank 0's output (the default), the script as __main__ with its own arguments, untouched
+    assert "rank 0 done, argv ['--steps', '20', '--sleep', '0.05', '--exit', '0'], name __main__, threads 3" in out.stdout
+    assert "rank 1 done" not in out.stdout
+    # stdout is not a terminal: the plain view's status lines, every --every seconds
     lines = [line for line in out.stdout.splitlines() if line.startswith("[jdist] step ")]
     assert lines, out.stdout
-    assert "/40 (" in lines[0] and "loss " in lines[0] and "ms/step" in lines[0]
+    assert "/20 (" in lines[0] and "loss " in lines[0] and "ms/step" in lines[0]
+    assert "finished after" in out.stdout and "loss:" in out.stdout  # the run's summary at the end
+    assert "jdist run train.py: finished on 2 rank(s)" in out.stderr
+    run = read_run(only_run(work))
+    assert run.status == "finished" and run.world_size == 2 and run.count() == 40
+    assert run.code.startswith("# $ jdist run --cluster pair --every 0.3 train.py --steps 20") and "import argparse" in run.code
+    assert not (run.path / "errors.json").exists()
+    listed = jdist("runs", "--json")
+    row = json.loads(listed.stdout.splitlines()[0])
+    assert row["run_id"] == run.run_id and row["status"] == "finished" and row["steps"] == 20
+    assert row["title"] == "jdist run " + " ".join(args)
+    shown = jdist("show", run.run_id[:15])
+    assert shown.returncode == 0 and f"jdist run {run.run_id}: finished" in shown.stdout
+    history = jdist("show", "--history")
+    assert history.stdout.splitlines()[0].startswith("rank,") and len(history.stdout.splitlines()) == 41
 
 
 def test_a_rank_exception_exits_1_with_the_root_cause_and_the_bystander_released(work):
@@ -148,7 +144,7 @@ def test_a_rank_exception_exits_1_with_the_root_cause_and_the_bystander_released
 
 
 def test_exits_killed_ranks_and_hangs_have_their_own_codes(work):
-    # (sys.exit(0): test_the_plain_view_prints_status_lines_when_stdout_is_not_a_terminal)
+    # (sys.exit(0): test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log)
     out = jdist("run", "-n", "2", "train.py", "--steps", "3", "--exit", "3")
     assert out.returncode == 1 and "exited with code 3" in out.stderr and "Traceback" not in out.stderr
     out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--kill-at", "2", "--sleep", "0.02")
@@ -400,3 +396,14 @@ def test_keep_without_attach_stops_the_ranks_after_its_time(work):
     assert out.returncode == 0, out.stderr
     assert "%dist attach" in out.stderr and "not attached within 0.02 min: stopping the ranks" in out.stderr
     assert not (only_run(work) / "attach.json").exists()
+
+
+def test_a_run_that_ended_exits_even_when_its_clean_up_does_not():
+    # the guard of jdist run's end (a stop that does not return: stop_within's doctest); here, a thread
+    # that is not a daemon keeps the interpreter from exiting: the process still ends, with its code and a line
+    code = ("import threading, time\nfrom jdist.cli.run import exit_within\n"
+            "threading.Thread(target=time.sleep, args=(600,)).start()\nexit_within(0.5, 137, print)\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 137 and time.monotonic() - t0 < 30, out
+    assert out.stdout == "exiting took over 0.5 s (a clean-up did not end): exiting now\n", out.stdout

@@ -126,9 +126,8 @@ def test_restart_replays_setup_cells_and_fresh_loses_state(cluster_kernel):
     assert "variables on the ranks are lost (--fresh)" in out.stdout
     out = cluster_kernel.run("%%distributed\nprint('before_restart' in globals(), world_size)")
     assert out.stdout.strip() == "False 2"
-    out = cluster_kernel.run("%%distributed --restart\nprint(world_size)")
-    assert "Ready: 2 rank(s)" in out.stdout and out.stdout.strip().endswith("2")
     assert "process-group timeout 30 s" in cluster_kernel.run("%dist status").stdout  # kept, not reset to 60
+    # (a cell's --restart, which keeps every option too: the next test)
 
 
 def _free_port() -> int:

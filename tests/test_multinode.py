@@ -151,27 +151,30 @@ def check_training(k: KernelSession, n: int) -> list[tuple]:
     return [tuple(w) for w in k.value("where")]
 
 
-def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
-    out = login.run(f"%%distributed --hosts node1:1,node2:1 --timeout 30\nimport os\n{TRAIN}", timeout=240)
-    assert "over ssh" in out.stdout, out.stdout
-    where = check_training(login, 2)
-    assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node2", 0)]
-    assert {iface for *_, iface in where} == {"jdtb1", "jdtb2"}  # never lo between hosts
-    # the dashboard's per-rank panels and the run log name each rank's host
-    assert login.value("jdist.last_run().hosts") == {0: "node1", 1: "node2"}
-    bars = login.value("[p['categories'] for p in __import__('jdist.metrics.panels', fromlist=['p'])"
-                       ".panels(jdist.last_run()) if p['kind'] == 'bars']")
-    assert bars and all(b == ["rank 0 node1", "rank 1 node2"] for b in bars), bars
-    run_dir = Path(login.value("str(jdist.last_run().path)"))
-    assert '"hosts": {\n  "0": "node1"' in (run_dir / "meta.json").read_text()
-    status = strip_ansi(login.run("%dist status").stdout)
-    assert re.search(r"node1", status) and re.search(r"node2", status), status
-    t0 = time.perf_counter()
-    login.run("%dist stop")
-    stop_s = time.perf_counter() - t0
-    wait_for(lambda: not engines_on(bed, "node2") and not engines_on(bed, "node1"), timeout=15,
-             what="no engine left on either node")
-    print(f"\n--hosts 2 nodes x 1 rank: {ready(out)}, start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+#: The controller's command line names its module (ipyparallel's controller, run by jdist's entry point).
+CONTROLLER = ipcontroller.__name__
+#: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
+NOT_JDIST = ("mpiexec.hydra", "hydra_pmi_proxy", "srun", "sshd", "slurmd", "slurmctld", "slurmstepd", "munged")
+
+
+def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
+    """(local address:port, process name) of every listening TCP socket on ``node``."""
+    out = on_node(bed, node, "ss -ltnpH")
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        users = re.findall(r'\("([^"]+)",pid=(\d+)', line)
+        m = re.search(r'users:\(\("([^"]+)",pid=(\d+)', line)
+        name = m.group(1) if m else "?"
+        launcher = [u for u, _ in users if u in NOT_JDIST]
+        if launcher:  # hydra's control port, inherited by the ranks it forks on its own host
+            name = launcher[0]
+        elif m and name.startswith("python"):
+            cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
+            name = ("controller" if CONTROLLER in cmd else "rank" if "ipyparallel.engine" in cmd
+                    else "debugpy" if "/debugpy/" in cmd else cmd[:60])
+        rows.append((parts[3], name))
+    return rows
 
 
 def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
@@ -211,26 +214,46 @@ def test_all_ranks_on_the_other_node(bed, login):
     login.run("%dist stop")
 
 
-def test_a_killed_remote_rank_is_detected_and_named(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport os, time\npid = os.getpid()")
+def test_restart_and_auto_restart_with_remote_ranks(bed, login):
+    # its own cluster, not the SHARED one below: %dist restart replays every set-up cell the cluster ran
+    # (the shared one's include the debugger test's breakpoint cells), and a rank dies here
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30 --auto-restart\nimport os, time\nbase = 41")
+    login.run("%dist pull base")
+    assert login.value("base") == [41, 41]
+    login.run("%dist restart")  # replays the set-up cell on new ranks, on both hosts again
+    login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\n"
+              "hosts = [r['host'] for r in _c.current().ranks]")
+    assert login.value("base") == [41, 41] and login.value("hosts") == ["node1", "node2"]
+    login.run("%%distributed\npid = os.getpid()")
     login.run("%dist pull pid")
-    remote_pid = login.value("pid")[1]  # rank 1's PID on node2 (node2's numbering)
-    msg = login.start("%%distributed\nprint('training', flush=True)\nfor i in range(600):\n    time.sleep(0.1)\n"
-                      "    jdist.log(step=i)")
-    login.wait_for_stdout(msg, "training", timeout=30)
-    t0 = time.perf_counter()
+    remote_pid = login.value("pid")[1]
+    msg = login.start("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    login.wait_for_stdout(msg, "sleeping", timeout=30)
     bed.run("node2", ["kill", "-9", str(remote_pid)])
-    out = login.collect(msg, timeout=60)
-    detect_s = time.perf_counter() - t0
-    text = strip_ansi(out.stdout + out.stderr + out.traceback)
-    assert "rank 1" in text and "SIGKILL" in text and "node2" in text, text
-    print(f"\nkilled remote rank reported after {detect_s:.2f} s")
-    login.run("%dist stop", allow_error=True)
-    wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
-             what="no engine left")
-    # the killed rank's MPI shared memory too (the shell around it removes what it noted)
-    wait_for(lambda: not any(shm_on(bed, node) for node in bed.nodes), timeout=5,
-             what=f"no MPI segment left ({[shm_on(bed, node) for node in bed.nodes]} at first)")
+    out = login.collect(msg, timeout=120)
+    assert "restarting (--auto-restart)" in strip_ansi(out.stdout + out.stderr), out.shown
+    login.run("%dist pull base")
+    assert login.value("base") == [41, 41]
+    # a healthy --hosts cluster's %dist stop ends the ranks on both nodes (the remote one over ssh)
+    t0 = time.perf_counter()
+    login.run("%dist stop")
+    stop_s = time.perf_counter() - t0
+    wait_for(lambda: not engines_on(bed, "node2") and not engines_on(bed, "node1"), timeout=15,
+             what="no engine left on either node")
+    print(f"\n--hosts 2 nodes x 1 rank: stop {stop_s:.2f} s")
+
+
+def test_encrypted_controller_traffic(bed, login):
+    login.run("%%distributed --hosts node1:1,node2:1 --encrypt --timeout 30\nimport torch.distributed as dist\n"
+              "dist.barrier()\nhost = __import__('socket').gethostname()")
+    login.run("%dist pull host")
+    assert login.value("host") == ["node1", "node2"]
+    profile = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")
+    security = Path(profile) / "security"
+    info = [p for p in security.glob("ipcontroller-jdist-*-engine.json")]
+    assert info and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
+                        for p in info), [p.read_text() for p in info]
+    login.run("%dist stop")
 
 
 def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
@@ -239,8 +262,94 @@ def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
     assert on_node(bed, "node1", "getent hosts node2").split()[0] == "198.18.0.2"
 
 
+@pytest.mark.parametrize("line, says", [
+    ("--hosts nosuchhost:1,node2:1", "Host 'nosuchhost' does not resolve here"),
+    ("--hosts node2:1 -n 3", "has room for 1 rank(s), but -n 3 asks for 3"),
+    ("--hosts node2:1 --iface nosuch0", "--iface nosuch0: no such interface"),
+    ("--hosts node2:1 --ip 10.9.9.9", "--ip 10.9.9.9 is not an address of this machine"),
+    ("--slurm -N 3 -n 2", "-N 3: give 1 to 2 nodes for -n 2"),
+])
+def test_bad_multi_node_input_is_one_line_before_anything_starts(bed, login, line, says):
+    out = login.run(f"%%distributed {line}\npass", allow_error=True, timeout=60)
+    shown = strip_ansi(out.shown)
+    assert says in shown, shown
+    assert "Traceback" not in shown and len(shown.strip().splitlines()) == 1, shown
+    assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
+
+
+def test_a_host_ssh_cannot_reach_is_named(bed, login):
+    # node2 answers on 198.18.0.2:22 only; its name on another address would be a host ssh cannot reach
+    out = login.run("%%distributed --hosts 198.18.0.2:1,198.18.0.9:1 --ip 198.18.0.1\npass", allow_error=True,
+                    timeout=120)
+    shown = strip_ansi(out.shown)
+    assert "host 198.18.0.9: ssh cannot reach it" in shown and "host 198.18.0.2" not in shown, shown
+
+
+#: The tests from here to the killed-rank test run on one ``--hosts`` cluster: each starts with a cell
+#: giving these same options (a ``%%distributed`` cell with the running cluster's options reuses it), so
+#: each also runs alone, and the suite starts the ranks once. Nothing in between stops the cluster or
+#: kills a rank; the killed-rank test comes last, and then stops it and checks that nothing is left.
+#: They come after the other tests of the ``login`` kernel: the debugger test attaches the notebook's
+#: Debugger panel to that kernel, which stays traced (slower, more CPU) for the rest of its life.
+SHARED = "--hosts node1:1,node2:1 --timeout 30"
+
+
+def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
+    out = login.run(f"%%distributed {SHARED}\nimport os\n{TRAIN}", timeout=240)
+    assert "over ssh" in out.stdout, out.stdout
+    where = check_training(login, 2)
+    assert [(r, h, lr) for r, h, lr, _ in where] == [(0, "node1", 0), (1, "node2", 0)]
+    assert {iface for *_, iface in where} == {"jdtb1", "jdtb2"}  # never lo between hosts
+    # the dashboard's per-rank panels and the run log name each rank's host
+    assert login.value("jdist.last_run().hosts") == {0: "node1", 1: "node2"}
+    bars = login.value("[p['categories'] for p in __import__('jdist.metrics.panels', fromlist=['p'])"
+                       ".panels(jdist.last_run()) if p['kind'] == 'bars']")
+    assert bars and all(b == ["rank 0 node1", "rank 1 node2"] for b in bars), bars
+    run_dir = Path(login.value("str(jdist.last_run().path)"))
+    assert '"hosts": {\n  "0": "node1"' in (run_dir / "meta.json").read_text()
+    status = strip_ansi(login.run("%dist status").stdout)
+    assert re.search(r"node1", status) and re.search(r"node2", status), status
+    print(f"\n--hosts 2 nodes x 1 rank: {ready(out)}, start+cell {out.elapsed:.1f} s")
+    # the cluster stays for the tests below (SHARED); the killed-rank test stops it
+
+
+def test_listeners_bind_only_the_chosen_address_or_loopback(bed, login):
+    login.run(f"%%distributed {SHARED}\nimport torch.distributed as dist\n"
+              "dist.barrier()")
+    table = {node: listeners(bed, node) for node in bed.nodes}
+    print("\nlisteners while a --hosts cluster runs:")
+    for node, rows in table.items():
+        for addr, name in sorted(rows, key=lambda r: r[1]):
+            print(f"  {node:6} {name:16} {addr}")
+    ours = [(node, addr, name) for node, rows in table.items() for addr, name in rows if name not in NOT_JDIST]
+    assert any(name == "controller" for _, _, name in ours) and any(name == "rank" for _, _, name in ours), ours
+    allowed = {"node1": ("198.18.0.1:", "127.0.0.1:", "[::1]:"), "node2": ("198.18.0.2:", "127.0.0.1:", "[::1]:")}
+    wide = [(node, addr, name) for node, addr, name in ours if not addr.startswith(allowed[node])]
+    assert not wide, f"jdist listeners on all interfaces or another address: {wide}"
+
+
+def test_the_session_key_is_never_on_a_command_line_or_in_a_launchers_environment(bed, login):
+    import json
+
+    login.run(f"%%distributed {SHARED}\nx = 1")
+    profile = Path(login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir"))
+    files = list((profile / "security").glob("ipcontroller-jdist-*-engine.json"))
+    assert files and oct(files[0].stat().st_mode & 0o777) == "0o600"
+    key = json.loads(files[0].read_text())["key"]
+    assert len(key) > 16
+    seen = 0
+    for node in bed.nodes:
+        pids = on_node(bed, node, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+                                  "grep -qE 'ipyparallel|hydra|mpiexec|srun' && basename $p; done; true").split()
+        for pid in pids:
+            text = on_node(bed, node, f"cat /proc/{pid}/cmdline /proc/{pid}/environ 2>/dev/null | tr '\\0' ' '")
+            seen += bool(text)
+            assert key not in text and "IPP_CONNECTION_INFO" not in text, (node, pid, text[:300])
+    assert seen >= 4  # the controller, hydra and both ranks were looked at
+
+
 def _hang_and_stacks(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\n"
+    login.run(f"%%distributed {SHARED}\nimport torch, time\n"
               "import torch.distributed as dist")
     out = login.run("%%distributed --watchdog 3\nx = torch.ones(1)\nif rank == 1:\n    dist.all_reduce(x)",
                     allow_error=True, timeout=120)
@@ -272,7 +381,7 @@ TELL_WHEN_BLOCKED = (
 
 
 def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch, time\n"
+    login.run(f"%%distributed {SHARED}\nimport torch, time\n"
               "import torch.distributed as dist\ncounter = 0")
     msg = login.start("%%distributed --output all\nif rank == 1:\n" + TELL_WHEN_BLOCKED +
                       "    dist.all_reduce(torch.ones(1))\n"
@@ -287,134 +396,10 @@ def test_interrupt_releases_a_remote_rank_blocked_in_a_collective(bed, login):
     login.run("%dist pull counter")
     assert login.value("counter")[0] > 10
     login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
-    login.run("%dist stop")
-
-
-#: The controller's command line names its module (ipyparallel's controller, run by jdist's entry point).
-CONTROLLER = ipcontroller.__name__
-#: Listeners that are not jdist's own: the launchers' (documented in docs/multinode.md) and the bed's daemons.
-NOT_JDIST = ("mpiexec.hydra", "hydra_pmi_proxy", "srun", "sshd", "slurmd", "slurmctld", "slurmstepd", "munged")
-
-
-def listeners(bed: Any, node: str) -> list[tuple[str, str]]:
-    """(local address:port, process name) of every listening TCP socket on ``node``."""
-    out = on_node(bed, node, "ss -ltnpH")
-    rows = []
-    for line in out.splitlines():
-        parts = line.split()
-        users = re.findall(r'\("([^"]+)",pid=(\d+)', line)
-        m = re.search(r'users:\(\("([^"]+)",pid=(\d+)', line)
-        name = m.group(1) if m else "?"
-        launcher = [u for u, _ in users if u in NOT_JDIST]
-        if launcher:  # hydra's control port, inherited by the ranks it forks on its own host
-            name = launcher[0]
-        elif m and name.startswith("python"):
-            cmd = on_node(bed, node, f"tr '\\0' ' ' < /proc/{m.group(2)}/cmdline")
-            name = ("controller" if CONTROLLER in cmd else "rank" if "ipyparallel.engine" in cmd
-                    else "debugpy" if "/debugpy/" in cmd else cmd[:60])
-        rows.append((parts[3], name))
-    return rows
-
-
-def test_listeners_bind_only_the_chosen_address_or_loopback(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch.distributed as dist\n"
-              "dist.barrier()")
-    table = {node: listeners(bed, node) for node in bed.nodes}
-    print("\nlisteners while a --hosts cluster runs:")
-    for node, rows in table.items():
-        for addr, name in sorted(rows, key=lambda r: r[1]):
-            print(f"  {node:6} {name:16} {addr}")
-    ours = [(node, addr, name) for node, rows in table.items() for addr, name in rows if name not in NOT_JDIST]
-    assert any(name == "controller" for _, _, name in ours) and any(name == "rank" for _, _, name in ours), ours
-    allowed = {"node1": ("198.18.0.1:", "127.0.0.1:", "[::1]:"), "node2": ("198.18.0.2:", "127.0.0.1:", "[::1]:")}
-    wide = [(node, addr, name) for node, addr, name in ours if not addr.startswith(allowed[node])]
-    assert not wide, f"jdist listeners on all interfaces or another address: {wide}"
-    login.run("%dist stop")
-
-
-@pytest.mark.parametrize("where", ["--hosts node1:1,node2:1", "--slurm -N 2 -n 2"])
-def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
-    k = NodeKernel(bed, "node1", "doomed")
-    k.run("%load_ext jdist")
-    k.run(f"%%distributed {where} --timeout 30\nx = 1", timeout=240)
-    assert engines_on(bed, "node2")
-    t0 = time.perf_counter()
-    os.kill(k.pid(), signal.SIGKILL)
-
-    def left() -> list[str]:
-        found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
-        procs = on_node(bed, "node1", "ps -eo args")
-        found += [f"node1: {p}" for p in (CONTROLLER, "srun", "mpiexec", "jdist.kernel.reaper") if p in procs]
-        if on_node(bed, "node1", "squeue -h").strip():
-            found.append("a Slurm job")
-        found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]
-        return found
-
-    wait_for(lambda: not left(), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
-    print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
-    k.kc.stop_channels()
-    k.km.cleanup_resources()
-
-
-@pytest.mark.parametrize("line, says", [
-    ("--hosts nosuchhost:1,node2:1", "Host 'nosuchhost' does not resolve here"),
-    ("--hosts node2:1 -n 3", "has room for 1 rank(s), but -n 3 asks for 3"),
-    ("--hosts node2:1 --iface nosuch0", "--iface nosuch0: no such interface"),
-    ("--hosts node2:1 --ip 10.9.9.9", "--ip 10.9.9.9 is not an address of this machine"),
-    ("--slurm -N 3 -n 2", "-N 3: give 1 to 2 nodes for -n 2"),
-])
-def test_bad_multi_node_input_is_one_line_before_anything_starts(bed, login, line, says):
-    out = login.run(f"%%distributed {line}\npass", allow_error=True, timeout=60)
-    shown = strip_ansi(out.shown)
-    assert says in shown, shown
-    assert "Traceback" not in shown and len(shown.strip().splitlines()) == 1, shown
-    assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
-
-
-def test_a_host_ssh_cannot_reach_is_named(bed, login):
-    # node2 answers on 198.18.0.2:22 only; its name on another address would be a host ssh cannot reach
-    out = login.run("%%distributed --hosts 198.18.0.2:1,198.18.0.9:1 --ip 198.18.0.1\npass", allow_error=True,
-                    timeout=120)
-    shown = strip_ansi(out.shown)
-    assert "host 198.18.0.9: ssh cannot reach it" in shown and "host 198.18.0.2" not in shown, shown
-
-
-def test_restart_and_auto_restart_with_remote_ranks(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30 --auto-restart\nimport os, time\nbase = 41")
-    login.run("%dist pull base")
-    assert login.value("base") == [41, 41]
-    login.run("%dist restart")  # replays the set-up cell on new ranks, on both hosts again
-    login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\n"
-              "hosts = [r['host'] for r in _c.current().ranks]")
-    assert login.value("base") == [41, 41] and login.value("hosts") == ["node1", "node2"]
-    login.run("%%distributed\npid = os.getpid()")
-    login.run("%dist pull pid")
-    remote_pid = login.value("pid")[1]
-    msg = login.start("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)")
-    login.wait_for_stdout(msg, "sleeping", timeout=30)
-    bed.run("node2", ["kill", "-9", str(remote_pid)])
-    out = login.collect(msg, timeout=120)
-    assert "restarting (--auto-restart)" in strip_ansi(out.stdout + out.stderr), out.shown
-    login.run("%dist pull base")
-    assert login.value("base") == [41, 41]
-    login.run("%dist stop")
-
-
-def test_encrypted_controller_traffic(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --encrypt --timeout 30\nimport torch.distributed as dist\n"
-              "dist.barrier()\nhost = __import__('socket').gethostname()")
-    login.run("%dist pull host")
-    assert login.value("host") == ["node1", "node2"]
-    profile = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")
-    security = Path(profile) / "security"
-    info = [p for p in security.glob("ipcontroller-jdist-*-engine.json")]
-    assert info and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
-                        for p in info), [p.read_text() for p in info]
-    login.run("%dist stop")
 
 
 def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nimport torch\nimport torch.distributed as dist\n"
+    login.run(f"%%distributed {SHARED}\nimport torch\nimport torch.distributed as dist\n"
               "model = jdist.prepare(torch.nn.Linear(2, 1))")
     out = login.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard on node2')\n"
                     "dist.all_reduce(torch.ones(1))", allow_error=True, timeout=120)
@@ -458,28 +443,52 @@ def test_an_error_on_one_host_releases_the_rank_waiting_on_the_other(bed, login)
     finally:
         panel("disconnect", restart=False, terminateDebuggee=False)
     login.run("%%distributed\nx = torch.ones(1)\ndist.all_reduce(x)\nassert x.item() == 2")
-    login.run("%dist stop")
 
 
-def test_the_session_key_is_never_on_a_command_line_or_in_a_launchers_environment(bed, login):
-    import json
+def test_a_killed_remote_rank_is_detected_and_named(bed, login):
+    login.run(f"%%distributed {SHARED}\nimport os, time\npid = os.getpid()")
+    login.run("%dist pull pid")
+    remote_pid = login.value("pid")[1]  # rank 1's PID on node2 (node2's numbering)
+    msg = login.start("%%distributed\nprint('training', flush=True)\nfor i in range(600):\n    time.sleep(0.1)\n"
+                      "    jdist.log(step=i)")
+    login.wait_for_stdout(msg, "training", timeout=30)
+    t0 = time.perf_counter()
+    bed.run("node2", ["kill", "-9", str(remote_pid)])
+    out = login.collect(msg, timeout=60)
+    detect_s = time.perf_counter() - t0
+    text = strip_ansi(out.stdout + out.stderr + out.traceback)
+    assert "rank 1" in text and "SIGKILL" in text and "node2" in text, text
+    print(f"\nkilled remote rank reported after {detect_s:.2f} s")
+    login.run("%dist stop", allow_error=True)
+    wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
+             what="no engine left")
+    # the killed rank's MPI shared memory too (the shell around it removes what it noted)
+    wait_for(lambda: not any(shm_on(bed, node) for node in bed.nodes), timeout=5,
+             what=f"no MPI segment left ({[shm_on(bed, node) for node in bed.nodes]} at first)")
 
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30\nx = 1")
-    profile = Path(login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir"))
-    files = list((profile / "security").glob("ipcontroller-jdist-*-engine.json"))
-    assert files and oct(files[0].stat().st_mode & 0o777) == "0o600"
-    key = json.loads(files[0].read_text())["key"]
-    assert len(key) > 16
-    seen = 0
-    for node in bed.nodes:
-        pids = on_node(bed, node, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
-                                  "grep -qE 'ipyparallel|hydra|mpiexec|srun' && basename $p; done; true").split()
-        for pid in pids:
-            text = on_node(bed, node, f"cat /proc/{pid}/cmdline /proc/{pid}/environ 2>/dev/null | tr '\\0' ' '")
-            seen += bool(text)
-            assert key not in text and "IPP_CONNECTION_INFO" not in text, (node, pid, text[:300])
-    assert seen >= 4  # the controller, hydra and both ranks were looked at
-    login.run("%dist stop")
+
+@pytest.mark.parametrize("where", ["--hosts node1:1,node2:1", "--slurm -N 2 -n 2"])
+def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
+    k = NodeKernel(bed, "node1", "doomed")
+    k.run("%load_ext jdist")
+    k.run(f"%%distributed {where} --timeout 30\nx = 1", timeout=240)
+    assert engines_on(bed, "node2")
+    t0 = time.perf_counter()
+    os.kill(k.pid(), signal.SIGKILL)
+
+    def left() -> list[str]:
+        found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
+        procs = on_node(bed, "node1", "ps -eo args")
+        found += [f"node1: {p}" for p in (CONTROLLER, "srun", "mpiexec", "jdist.kernel.reaper") if p in procs]
+        if on_node(bed, "node1", "squeue -h").strip():
+            found.append("a Slurm job")
+        found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]
+        return found
+
+    wait_for(lambda: not left(), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
+    print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
+    k.kc.stop_channels()
+    k.km.cleanup_resources()
 
 
 def test_slurm_inside_an_allocation_is_a_job_step_of_it(bed):
