@@ -88,6 +88,8 @@ SAME_AS = {
     ("cell-horovod", "exit 3"): "the 'exception' fault's path on Horovod: rank 0 left in Horovod's MPI wait is "
                                 "seen there and the ranks restart",
     ("cell-horovod", "interrupt"): "the 'exception' fault's path on Horovod, ended by the interrupt instead",
+    ("cell-horovod", "death"): "the cell-ddp row's: the launcher sees the death whatever the backend; Horovod's "
+                               "set-up after a restart is this row's 'exception', 'hang' and 'second interrupt'",
 }
 #: Rows not run on every backend, and why: one backend shows the driver's own part of the promise.
 ONE_BACKEND = {

@@ -113,18 +113,8 @@ def test_extension_enabled_by_the_shipped_config(server):
     assert cfg == {"ServerApp": {"jpserver_extensions": {"jdist.server": True}}}
 
 
-def test_jupyter_lists_both_extensions_enabled(server):
-    """What `pip install` gives (the same config file and built output, here linked into the test's dirs)."""
-    def run(*args):
-        out = subprocess.run([sys.executable, "-m", "jupyter", *args], check=False, env=server.env, capture_output=True,
-                             text=True, timeout=120)
-        return strip_ansi(out.stdout + out.stderr)
-
-    server_list = run("server", "extension", "list")
-    assert re.search(r"jdist\.server\s+enabled", server_list), server_list
-    assert "jdist.server  OK" in server_list or re.search(r"jdist\.server\s+.*OK", server_list), server_list
-    lab_list = run("labextension", "list")
-    assert re.search(r"jdist v[0-9.]+\s+enabled\s+OK", lab_list), lab_list
+# `jupyter server extension list` and `jupyter labextension list` showing jdist enabled: make check-wheel
+# (tools/check_wheel.py, part of make test), on the installed wheel in a clean venv.
 
 
 def test_stale_state_file_of_a_dead_kernel_is_dropped(server, tmp_path):

@@ -228,7 +228,7 @@ jdist.prepare(make_model(), grad_accum=1)
 #: costs 10-20 CPU-s on 2 cores, so Horovod (ddp's full-state checkpoint, with its own optimizer) and DeepSpeed
 #: resume on the same ranks into new objects here. DeepSpeed's resume after a restart is
 #: test_deepspeed.py::test_auto_restart_recreates_the_zero_3_engine_and_restores_its_checkpoint; Horovod's set-up
-#: after a restart is test_fault_matrix.py's cell-horovod-death.
+#: after a restart is test_fault_matrix.py's Horovod row (its exception, hang and second interrupt restart the ranks).
 RESTART_TO_RESUME = ("ddp", "fsdp")
 
 
