@@ -128,3 +128,17 @@ def test_ranks_that_do_not_answer_are_no_evidence():
 def test_off_at_zero():
     cluster = FakeCluster("ddp", {0: blocked_in(IN_ALL_REDUCE), 1: blocked_in(IN_ALL_REDUCE)})
     assert run(HangWatchdog(0), cluster, until=10.0)[0] is None and cluster.asked == []
+
+
+@pytest.mark.parametrize("names, after", [(["ValueError"], 0.25), (["EngineError"], 10.0)])
+def test_a_failure_releases_the_others_at_once_but_a_dead_engine_waits_for_the_launchers_death_report(names, after):
+    # ipyparallel's EngineError: the rank's nanny told the controller that its engine died; the launcher's report
+    # of the death (with its cause) is on its way, and the DeathDetector then stops the cell: no release before it
+    from jdist.kernel.supervise.detectors import PartialFailureDetector
+
+    view = SimpleNamespace(failed_while_others_run=lambda: True, early_failures=lambda: list(names))
+    sup = SimpleNamespace(releasing=False, view=view)
+    detector = PartialFailureDetector()
+    assert detector.poll(100.0, sup) is None
+    assert detector.poll(100.0 + after - 0.01, sup) is None
+    assert detector.poll(100.0 + after, sup) == Release("failure")

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 #: After a rank failed, how long the others may go on before they are released.
 RELEASE_GRACE_S = 0.25
+#: A rank whose engine died (ipyparallel's ``EngineError``: its nanny told the controller) is a death, which the
+#: launcher reports with its cause: this long for that report before the failure is taken as a rank's error
+#: (under load the nanny's word came first, and the other rank was released as after an exception).
+DEATH_REPORT_S = 10.0
 #: How long the hang watchdog waits for the ranks' samples (answered in milliseconds; a rank
 #: that holds the GIL for longer is busy, not blocked in a collective, which releases it).
 SAMPLE_TIMEOUT_S = 0.5
@@ -66,13 +70,16 @@ class PartialFailureDetector:
     def __init__(self, grace: float = RELEASE_GRACE_S):
         self.grace = grace
         self.failed_at: float | None = None
+        self.wait = grace
 
     def poll(self, now: float, sup: CellSupervisor) -> Action | None:
         if sup.releasing:
             return None
         if self.failed_at is None and sup.view.failed_while_others_run():
             self.failed_at = now
-        if self.failed_at is not None and now - self.failed_at >= self.grace:
+            engines_died = all(name == "EngineError" for name in sup.view.early_failures())
+            self.wait = DEATH_REPORT_S if engines_died else self.grace  # DeathDetector stops the cell meanwhile
+        if self.failed_at is not None and now - self.failed_at >= self.wait:
             return Release("failure")
         return None
 

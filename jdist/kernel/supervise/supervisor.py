@@ -37,7 +37,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import parse_message
 
 from .collect import RecordCollector
-from .detectors import Detector, EndGrace, Release, Stop, default_detectors
+from .detectors import DEATH_REPORT_S, Detector, EndGrace, Release, Stop, default_detectors
 from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
@@ -213,6 +213,11 @@ class CellSupervisor:
         obs, view, cluster = self.obs, self.view, self.cluster
         spec = backend_spec(cluster.config.backend)
         stuck_stacks: dict[int, str] = {}
+        if obs.death is None and any(f.ename == "EngineError" for f in view.failures().values()):
+            # a rank's engine died and its nanny told the controller before the launcher saw the process end
+            dead = poll_until(cluster.dead_ranks, DEATH_REPORT_S)
+            if dead:
+                obs.death = cluster.death_report(dead)
         if obs.death is None and view.ready():
             view.wait_for_output(5)
         elif obs.death is None:
