@@ -291,7 +291,12 @@ def run(args: Any, say: Callable[[str], None]) -> int:
             return SIGNAL_BASE + term.signum
         finally:
             signals.armed = False
-            stop_within(lambda: cluster.stop(busy=busy), STOP_BOUND_S, say)
+            controller = cluster.controller_pid()
+            if not stop_within(lambda: cluster.stop(busy=busy), STOP_BOUND_S, say) and controller is not None:
+                try:  # the ranks watch this process; the controller does not: it ends its schedulers itself
+                    os.kill(controller, signal.SIGTERM)
+                except OSError:
+                    pass
 
 
 def stop_within(stop: Callable[[], None], seconds: float, say: Callable[[str], None]) -> bool:

@@ -236,6 +236,11 @@ class ClusterSession:
         if self.launcher.remote:
             self._write_reaper_plan()  # now with the Slurm job step
 
+    def controller_pid(self) -> int | None:
+        """The PID of this cluster's ipyparallel controller (started by this process), or None."""
+        controller = getattr(self.ipp, "controller", None)
+        return getattr(controller, "pid", None)
+
     def stop(self, busy: bool = False) -> None:
         """Stop engines and controller (teardown on the ranks first, best effort). Idempotent.
 
