@@ -1,6 +1,5 @@
 """``jdist.tune`` (jdist/kernel/tune/, jdist/rank/tune.py): a real Optuna study driven from a real
-kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups): one ddp cluster, then one fsdp cluster for the
-module's last tests (the tests that restart the ranks restart these, no other cluster starts)."""
+kernel, trials on slots of 2 of 4 real MPI ranks (gloo groups), one cluster for the module."""
 
 from __future__ import annotations
 
@@ -21,32 +20,6 @@ def fatal(trial):
         os.kill(os.getpid(), signal.SIGKILL)        # a rank's process dies in the middle of the sweep
     time.sleep(0.3)
     return float(trial.number)
-"""
-
-# the objectives that the interrupt and stop tests use, on the ddp cluster (in OBJECTIVES) and the fsdp one
-STOPPABLE = """
-import os, time
-
-def slow(trial):
-    x = trial.suggest_float("x", 0.0, 1.0)
-    for _ in range(30):  # 1.5 s: an interrupt after the first trials lands well before the sweep's end
-        time.sleep(0.05)
-    return x
-
-marks = None  # a folder: stubborn leaves a file there as it starts and as it is stopped
-
-def stubborn(trial):
-    # slow to stop: it takes the stop (KeyboardInterrupt) and goes on, as code that saves a checkpoint first
-    def mark(what):
-        if marks:
-            open(os.path.join(marks, f"{trial.number}-{rank}-{what}"), "w").close()
-    mark("started")
-    try:
-        while True:
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        mark("stopped")
-        time.sleep(60)
 """
 
 OBJECTIVES = """%%distributed -n 4 --backend ddp --timeout 20
@@ -93,7 +66,7 @@ def wrapped(trial):
     from optuna_integration import TorchDistributedTrial
     t = TorchDistributedTrial(trial if dist.get_rank() == 0 else None)
     x = t.suggest_float("x", 0.0, 10.0)
-    for step in range(6):   # pruned at the warm-up's end (step 2); the rest complete
+    for step in range(20):
         t.report(x, step)
         if t.should_prune():
             pruned_at[t.number] = step
@@ -110,7 +83,27 @@ def stale(trial):
     dist.all_reduce(t)                          # a collective right behind them
     return float(t)
 
-""" + STOPPABLE
+def slow(trial):
+    x = trial.suggest_float("x", 0.0, 1.0)
+    for _ in range(10):
+        time.sleep(0.05)
+    return x
+
+marks = None  # a folder: stubborn leaves a file there as it starts and as it is stopped
+
+def stubborn(trial):
+    # slow to stop: it takes the stop (KeyboardInterrupt) and goes on, as code that saves a checkpoint first
+    def mark(what):
+        if marks:
+            open(os.path.join(marks, f"{trial.number}-{rank}-{what}"), "w").close()
+    mark("started")
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        mark("stopped")
+        time.sleep(60)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -252,71 +245,6 @@ def test_a_failing_and_a_hanging_trial_fail_with_their_cause_and_the_sweep_goes_
     assert "Sweep done" in out.stdout and "2 complete" in out.stdout, out.stdout
 
 
-def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
-    # the kernel has no `dist`: the function's global names are looked up on the ranks
-    tk.run("def kobj(trial):\n    x = trial.suggest_int('x', 0, 3)\n    return x + dist.get_world_size() * 10")
-    out = tk.run("kstudy = jdist.tune(kobj, trials=4, per_trial=2, show=False)")
-    assert "4 complete" in out.stdout, out.stdout
-    assert {int(v) // 10 for v in tk.value("[t.value for t in kstudy.trials]")} == {2}  # the slot's world size
-
-
-def test_bad_input_says_the_fix(tk, kernel_env):
-    sweeps = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps"
-    before = sorted(p.name for p in sweeps.iterdir())
-
-    def refused(code: str) -> str:
-        # one UsageError line, as the magics' bad input: no traceback through jdist, nothing started
-        out = tk.run(code, allow_error=True)
-        assert out.error["ename"] == "UsageError" and out.shown == "UsageError: " + out.error["evalue"], out.shown
-        return out.error["evalue"]
-
-    assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in refused(
-        "jdist.tune('inside', trials=2, per_trial=3)")
-    assert "no function 'nothing_here' on rank(s) [0, 1, 2, 3]" in refused("jdist.tune('nothing_here', trials=2)")
-    assert "pruner='sometimes': use one of asha, median, hyperband, none" in refused(
-        "jdist.tune('inside', trials=2, pruner='sometimes')")
-    assert "pass resume=True" in refused("jdist.tune('inside', trials=2, name='stuck')")  # the failing test's sweep
-    assert "no sweep called 'never-ran'" in refused("jdist.tune('inside', trials=2, resume=True, name='never-ran')")
-    assert "trials=0: a sweep needs a whole number of trials, at least 1." in refused("jdist.tune('inside', trials=0)")
-    assert "use 'minimize' or 'maximize'" in refused("jdist.tune('inside', direction='down')")
-    assert "trial_timeout=0: pass positive seconds" in refused("jdist.tune('inside', trial_timeout=0)")
-    assert sorted(p.name for p in sweeps.iterdir()) == before  # no sweep's folder was made
-
-
-def test_a_rank_that_cannot_form_its_slot_stops_the_sweep_with_why_and_the_world_is_untouched(tk):
-    # rank 1 says its slots are set up already (as after a sweep whose end was lost): every rank refuses
-    # together before any group changes, the trials queued behind are stopped and not counted
-    tk.run("%%distributed\nif rank == 1:\n    import jdist.rank.tune as _rt; _rt._slot = 'stale'")
-    out = tk.run("jdist.tune('slow', trials=4, per_trial=2, name='refused')", allow_error=True, timeout=120)
-    assert out.error and "the slots could not be formed" in out.error["evalue"], out.shown
-    assert "rank 1: its slots are already set up" in out.error["evalue"] and "Sweep stopped" in out.stdout
-    assert tk.value("[t.user_attrs.get('jdist_interrupted') for t in jdist.kernel.tune.last().study.trials]") \
-        in ([], [True], [True, True])
-    tk.run("%%distributed\nif rank == 1:\n    _rt._slot = None")
-    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(dist.get_world_size(), float(t))")
-    assert out.stdout.strip() == "4 4.0"
-
-
-def test_fsdp_trains_inside_the_slots(tk):
-    # the ddp cluster's tests are done: the module's last tests run on this fsdp cluster
-    tk.run("%%distributed --backend fsdp --restart\nimport time, torch, torch.nn as nn, torch.distributed as dist\n"
-           "def sharded(trial):\n"
-           "    lr = trial.suggest_float('lr', 0.01, 0.1)\n"
-           "    torch.manual_seed(0)\n"
-           "    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
-           "    model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=lr))\n"
-           "    for step in range(3):\n"
-           "        loss = model(torch.ones(4, 8)).square().mean(); jdist.backward(loss); opt.step(); opt.zero_grad()\n"
-           "    shard = sum(p.to_local().numel() for p in model.parameters())\n"
-           "    return dist.get_world_size() * 1000 + shard\n" + FATAL)
-    out = tk.run("study = jdist.tune('sharded', trials=2, per_trial=2)")
-    assert "2 complete" in out.stdout, out.stdout
-    # each trial's model is sharded over its slot's 2 ranks, not the world's 4: FSDP splits every
-    # parameter along dim 0, so slot rank 0 holds 8 of the 16 rows of each 16-row tensor (8 x 8 + 8)
-    # and the whole 1-row ones (16 + 1): 89 values; over 4 ranks it would hold 53
-    assert {int(v) for v in tk.value("[t.value for t in study.trials]")} == {2000 + 89}
-
-
 def _completed(journal: Path) -> int:
     if not journal.exists():
         return 0
@@ -329,31 +257,28 @@ def _completed(journal: Path) -> int:
 
 
 def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, kernel_env, tmp_path):
-    # on the fsdp cluster of the test before (its objectives are defined here): the restart at the end replays only
-    # that cluster's few set-up cells, not the ddp cluster's (optuna's imports, a DDP model)
-    tk.run("%%distributed" + STOPPABLE)
     journal = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps" / "resumable" / "journal.log"
-    msg = tk.start("study = jdist.tune('slow', trials=16, per_trial=1, name='resumable')")
-    wait_for(lambda: _completed(journal) >= 4, timeout=60, interval=0.25, what="4 trials of the sweep completed")
+    msg = tk.start("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable')")
+    wait_for(lambda: _completed(journal) >= 4, timeout=60, what="4 trials of the sweep completed")
     tk.km.interrupt_kernel()
     out = tk.collect(msg, timeout=60)
     assert "Sweep interrupted" in out.stdout and "resume=True" in out.stdout, out.stdout + out.traceback
     done = tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)")
-    assert 4 <= done < 16
+    assert 4 <= done < 40
     interrupted = tk.value("sum(bool(t.user_attrs.get('jdist_interrupted')) for t in study.trials)")
     assert tk.value("[t.state.name for t in study.trials if t.user_attrs.get('jdist_interrupted')]") == ["FAIL"] * interrupted
     # a trial left RUNNING in the journal (as by a kernel that died mid-trial) counts as interrupted on resume
     tk.run("left = study.ask(); jdist.kernel.tune.last().journal.flush()")
-    out = tk.run("study = jdist.tune('slow', trials=16, per_trial=1, name='resumable', resume=True)")
+    out = tk.run("study = jdist.tune('slow', trials=40, per_trial=1, name='resumable', resume=True)")
     assert "Sweep done" in out.stdout, out.stdout
-    assert tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)") == 16
+    assert tk.value("sum(t.state.name == 'COMPLETE' for t in study.trials)") == 40
     assert tk.value("(study.trials[left.number].state.name, study.trials[left.number].user_attrs)") == (
         "FAIL", {"jdist_error": "interrupted (the sweep stopped)", "jdist_interrupted": True})
-    assert tk.value("len(study.trials)") == 16 + interrupted + 1
+    assert tk.value("len(study.trials)") == 40 + interrupted + 1
     # the journal is Optuna's own: Optuna reads the same study back
     assert tk.value("len(optuna.load_study(study_name='resumable', storage=optuna.storages.JournalStorage("
                     "optuna.storages.journal.JournalFileBackend(str(jdist.kernel.tune.sweeps_dir() / "
-                    "'resumable' / 'journal.log')))).trials)") == 16 + interrupted + 1
+                    "'resumable' / 'journal.log')))).trials)") == 40 + interrupted + 1
 
     # trials slow to stop: a second Ctrl-C stops waiting at once, names where their ranks are and, since their slot
     # groups cannot be given back, restarts the ranks; the sweep ends "interrupted" and the next cell runs at once
@@ -383,12 +308,75 @@ def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, ke
     assert out.stdout.strip() == "4 4.0"
 
 
+def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
+    # the kernel has no `dist`: the function's global names are looked up on the ranks
+    tk.run("def kobj(trial):\n    x = trial.suggest_int('x', 0, 3)\n    return x + dist.get_world_size() * 10")
+    out = tk.run("kstudy = jdist.tune(kobj, trials=4, per_trial=2, show=False)")
+    assert "4 complete" in out.stdout, out.stdout
+    assert {int(v) // 10 for v in tk.value("[t.value for t in kstudy.trials]")} == {2}  # the slot's world size
+
+
+def test_bad_input_says_the_fix(tk, kernel_env):
+    sweeps = Path(kernel_env["JDIST_RUN_DIR"]) / "sweeps"
+    before = sorted(p.name for p in sweeps.iterdir())
+
+    def refused(code: str) -> str:
+        # one UsageError line, as the magics' bad input: no traceback through jdist, nothing started
+        out = tk.run(code, allow_error=True)
+        assert out.error["ename"] == "UsageError" and out.shown == "UsageError: " + out.error["evalue"], out.shown
+        return out.error["evalue"]
+
+    assert "per_trial=3 does not divide the 4 ranks into slots: use one of 1, 2, 4." in refused(
+        "jdist.tune('inside', trials=2, per_trial=3)")
+    assert "no function 'nothing_here' on rank(s) [0, 1, 2, 3]" in refused("jdist.tune('nothing_here', trials=2)")
+    assert "pruner='sometimes': use one of asha, median, hyperband, none" in refused(
+        "jdist.tune('inside', trials=2, pruner='sometimes')")
+    assert "pass resume=True" in refused("jdist.tune('inside', trials=2, name='resumable')")
+    assert "no sweep called 'never-ran'" in refused("jdist.tune('inside', trials=2, resume=True, name='never-ran')")
+    assert "trials=0: a sweep needs a whole number of trials, at least 1." in refused("jdist.tune('inside', trials=0)")
+    assert "use 'minimize' or 'maximize'" in refused("jdist.tune('inside', direction='down')")
+    assert "trial_timeout=0: pass positive seconds" in refused("jdist.tune('inside', trial_timeout=0)")
+    assert sorted(p.name for p in sweeps.iterdir()) == before  # no sweep's folder was made
+
+
+def test_a_rank_that_cannot_form_its_slot_stops_the_sweep_with_why_and_the_world_is_untouched(tk):
+    # rank 1 says its slots are set up already (as after a sweep whose end was lost): every rank refuses
+    # together before any group changes, the trials queued behind are stopped and not counted
+    tk.run("%%distributed\nif rank == 1:\n    import jdist.rank.tune as _rt; _rt._slot = 'stale'")
+    out = tk.run("jdist.tune('slow', trials=4, per_trial=2, name='refused')", allow_error=True, timeout=120)
+    assert out.error and "the slots could not be formed" in out.error["evalue"], out.shown
+    assert "rank 1: its slots are already set up" in out.error["evalue"] and "Sweep stopped" in out.stdout
+    assert tk.value("[t.user_attrs.get('jdist_interrupted') for t in jdist.kernel.tune.last().study.trials]") \
+        in ([], [True], [True, True])
+    tk.run("%%distributed\nif rank == 1:\n    _rt._slot = None")
+    out = tk.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t)\nprint(dist.get_world_size(), float(t))")
+    assert out.stdout.strip() == "4 4.0"
+
+
+def test_fsdp_trains_inside_the_slots(tk):
+    tk.run("%%distributed --backend fsdp --restart\nimport time, torch, torch.nn as nn, torch.distributed as dist\n"
+           "def sharded(trial):\n"
+           "    lr = trial.suggest_float('lr', 0.01, 0.1)\n"
+           "    torch.manual_seed(0)\n"
+           "    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+           "    model, opt = jdist.prepare(model, torch.optim.SGD(model.parameters(), lr=lr))\n"
+           "    for step in range(3):\n"
+           "        loss = model(torch.ones(4, 8)).square().mean(); jdist.backward(loss); opt.step(); opt.zero_grad()\n"
+           "    shard = sum(p.to_local().numel() for p in model.parameters())\n"
+           "    return dist.get_world_size() * 1000 + shard\n" + FATAL)
+    out = tk.run("study = jdist.tune('sharded', trials=2, per_trial=2)")
+    assert "2 complete" in out.stdout, out.stdout
+    # each trial's model is sharded over its slot's 2 ranks, not the world's 4: FSDP splits every
+    # parameter along dim 0, so slot rank 0 holds 8 of the 16 rows of each 16-row tensor (8 x 8 + 8)
+    # and the whole 1-row ones (16 + 1): 89 values; over 4 ranks it would hold 53
+    assert {int(v) for v in tk.value("[t.value for t in study.trials]")} == {2000 + 89}
+
+
 def test_a_rank_that_dies_stops_the_sweep_with_one_line_and_keeps_the_trials(tk):
-    # last in the module, on the fsdp cluster (restarted by the test before): it ends the cluster
+    # last in the module, on the fsdp cluster of the test before: it ends the cluster
     out = tk.run("study = jdist.tune('fatal', trials=8, per_trial=2, name='fatal')", allow_error=True, timeout=120)
     assert out.error["ename"] == "RankLost", out.shown
     assert re.search(r"rank [13] died", out.error["evalue"]) and "jdist.tune(..., resume=True)" in out.error["evalue"]
     assert "killed by SIGKILL" in out.error["evalue"]
     rows = tk.value("[(t.number, t.state.name) for t in jdist.kernel.tune.last().study.trials]")
     assert (2, "FAIL") in rows and all(state in ("COMPLETE", "FAIL") for _, state in rows)
-
