@@ -114,7 +114,7 @@ def test_cpu_fsdp_ranks_on_a_gpu_machine(kernel):
         "w = next(model.parameters())\n"
         "print(torch.cuda.is_available(), w.device_mesh.device_type, w.device)\n"
     )
-    assert out.stdout.strip() == "True cpu cpu"
+    assert out.stdout.splitlines()[0] == "True cpu cpu"  # the run's summary follows it
     kernel.run("%dist stop")
 
 
@@ -177,7 +177,7 @@ def test_cpu_deepspeed_ranks_on_a_gpu_machine(kernel):
         "    jdist.backward(model(torch.randn(16, 64)).square().mean()); opt.step()\n"
         "print(torch.cuda.is_available(), os.environ['DS_ACCELERATOR'], next(model.parameters()).device)\n"
     )
-    assert out.stdout.strip() == "True cpu cpu"
+    assert out.stdout.splitlines()[0] == "True cpu cpu"  # the run's summary follows it
     kernel.run("%dist stop")
 
 
@@ -227,4 +227,80 @@ def test_gpu_sweep_slots_use_nccl_and_the_world_group_comes_back(kernel, backend
     out = kernel.run("%%distributed\nt = torch.ones(1, device=device); dist.all_reduce(t)\n"
                      "print(dist.get_backend(), dist.get_world_size(), float(t))")
     assert out.stdout.strip() == "nccl 1 1.0"
+    kernel.run("%dist stop")
+
+
+# -- automatic metrics (jdist.rank.auto_metrics) on CUDA ranks ------------------------------------------------
+
+def test_gpu_unchanged_scripts_under_jdist_run_have_a_record_per_step(tmp_path):
+    # tests/test_auto_metrics.py's scripts, on NCCL with GradScaler and fp16 autocast (JDIST_TEST_GPU=1)
+    from test_auto_metrics import EXAMPLES, NANOGPT, assert_step_records, printed
+
+    from jdist.metrics import list_runs, read_run
+
+    env = {**__import__("os").environ, "JDIST_TEST_GPU": "1", "JDIST_RUN_DIR": str(tmp_path / "runs")}
+    for name, text, args in (("nanogpt.py", NANOGPT, []), ("examples.py", EXAMPLES, ["--steps", "5"])):
+        (tmp_path / name).write_text(text)
+        out = subprocess.run([sys.executable, "-m", "jdist", "run", "--gpus", "1", "--output", "all",
+                              str(tmp_path / name), *args], capture_output=True, text=True, timeout=240,
+                             cwd=tmp_path, env=env, check=False)
+        assert out.returncode == 0, out.stderr
+        runs = sorted(list_runs(tmp_path / "runs"), key=lambda p: p.stat().st_mtime)
+        losses = printed(out.stdout)
+        assert len(losses) == (6 if name == "nanogpt.py" else 5), out.stdout
+        assert_step_records(read_run(runs[-1]).records, losses)  # comm time > 0: DDP's all-reduce at world size 1
+
+
+def test_gpu_automatic_loss_adds_no_synchronisation_to_the_step(kernel):
+    # The loss of each step is copied to the host without a sync. Shown with torch.profiler: the CUDA
+    # synchronisations (cuda*Synchronize, aten::_local_scalar_dense: .item()) of 10 steps of a script-built
+    # DDP are the same with --auto-metrics on as with it off. GradScaler steps sync by themselves (torch
+    # reads found_inf with .item()): they check the unscaled loss only.
+    kernel.run("%%distributed --gpus 1 --backend ddp --restart\nimport torch, torch.nn as nn\n"
+               "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+               "from torch.profiler import profile, ProfilerActivity")
+    cell = (
+        "%%distributed --auto-metrics {mode}\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10)).to(device),"
+        " device_ids=[device.index])\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "scaler = torch.amp.GradScaler('cuda')\n"
+        "x = torch.randn(64, 512, device=device)\n"
+        "def step(scaled):\n"
+        "    with torch.autocast('cuda', dtype=torch.float16, enabled=scaled):\n"
+        "        loss = model(x).square().mean()\n"
+        "    opt.zero_grad()\n"
+        "    if scaled:\n"
+        "        scaler.scale(loss).backward(); scaler.step(opt); scaler.update()\n"
+        "    else:\n"
+        "        loss.backward(); opt.step()\n"
+        "    return loss\n"
+        "losses = [step(False) for _ in range(5)]\n"  # warm-up: DDP rebuilds its buckets after the first
+        "torch.cuda.synchronize()\n"
+        "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+        "    losses += [step(False) for _ in range(10)]\n"
+        "    torch.cuda.synchronize()\n"
+        "syncs = sorted(e.name for e in prof.events() if 'Synchronize' in e.name or e.name == 'aten::_local_scalar_dense')\n"
+        "syncs.remove('cudaDeviceSynchronize') if 'cudaDeviceSynchronize' in syncs else None\n"  # the profiled block's own
+        "losses += [step(True) for _ in range(5)]\n"
+        "losses = [float(l) for l in losses]\n"
+    )
+    kernel.run(cell.format(mode="off"))
+    kernel.run("%dist pull syncs")
+    off = kernel.value("syncs")[0]
+    before = kernel.value("jdist.last_run().run_id if jdist.last_run() else None")
+    kernel.run(cell.format(mode="on"))
+    kernel.run("%dist pull syncs")
+    on = kernel.value("syncs")[0]
+    assert (on, off) == (off, off)
+    # On an H200 (2026-11-27) both were one cudaDeviceSynchronize and 48 cudaEventSynchronize, not jdist's
+    # (the same with its hooks off): the profiler sees syncs, and jdist adds none; no .item() ran.
+    assert "aten::_local_scalar_dense" not in on, on
+    kernel.run("%dist pull losses")
+    assert kernel.value("jdist.last_run().run_id") != before
+    records = kernel.value("[dict(r) for r in jdist.last_run().records]")
+    assert [r["step"] for r in records] == list(range(20))
+    assert [r["loss"] for r in records] == pytest.approx(kernel.value("losses")[0], rel=1e-6)  # unscaled
+    assert all(r["comm_time_s"] > 0 and r["mem_bytes"] > 0 for r in records[1:]), records
     kernel.run("%dist stop")
