@@ -261,7 +261,7 @@ class MemoryCap:
             say(f"   (left the cgroup {self.path}: processes {procs} still in it)")
 
 
-def run_notebook(venv: CleanVenv, notebook: Path, work: Path, cell_timeout: float = 900) -> tuple[float, int, int]:
+def run_notebook(venv: CleanVenv, notebook: Path, work: Path, cell_timeout: float = 300) -> tuple[float, int, int]:
     """Executes ``notebook`` through the venv's ``jupyter server`` (as JupyterLab on mybinder runs it), the
     server, its kernel and the ranks all in one capped cgroup; returns (seconds, cgroup peak, resident peak)."""
     from check_wheel import Server, execute_notebook

@@ -39,6 +39,7 @@ import urllib.error
 import urllib.request
 import uuid
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,28 @@ def _text(outputs: list[dict[str, Any]]) -> str:
     return ANSI.sub("", "".join(parts)).strip()
 
 
+async def _kernel_ready(ws: Any, send: Callable[[str, dict[str, Any]], str], server: Server,
+                        timeout: float = 60.0) -> None:
+    """Ask ``kernel_info`` until the kernel answers over the websocket, as JupyterLab does before it sends
+    a cell: a first ``execute_request`` sent at once after the websocket opened was lost once (2026-11-27:
+    the kernel idle, no output, the check waiting out its 900 s cell timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg_id = send("kernel_info_request", {})
+        retry = min(deadline, time.monotonic() + 2.0)
+        while (left := retry - time.monotonic()) > 0:
+            try:
+                raw = await asyncio.wait_for(ws.read_message(), left)
+            except asyncio.TimeoutError:
+                break
+            if raw is None:
+                raise CheckFailed(f"the kernel's websocket closed before the kernel answered:\n{server.log()}")
+            msg = json.loads(raw) if isinstance(raw, str) else {}
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["header"]["msg_type"] == "kernel_info_reply":
+                return
+    raise CheckFailed(f"the kernel did not answer kernel_info within {timeout:.0f} s:\n{server.log()}")
+
+
 async def execute_notebook(server: Server, kernel_id: str, cells: list[dict[str, Any]],
                            timeout: float) -> list[tuple[int, float]]:
     """Run the code cells over the kernel's websocket (the JSON protocol JupyterLab speaks);
@@ -235,19 +258,24 @@ async def execute_notebook(server: Server, kernel_id: str, cells: list[dict[str,
     url = f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={session}"
     ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {server.token}"}),
                                  max_message_size=64 << 20)
+
+    def send(msg_type: str, content: dict[str, Any]) -> str:
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": "check", "session": session, "msg_type": msg_type,
+                       "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [], "content": content}))
+        return msg_id
+
     times = []
     try:
+        await _kernel_ready(ws, send, server)
         for index, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue
             source = "".join(cell["source"])
-            msg_id = uuid.uuid4().hex
-            ws.write_message(json.dumps({
-                "header": {"msg_id": msg_id, "username": "check", "session": session, "msg_type": "execute_request",
-                           "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-                "content": {"code": source, "silent": False, "store_history": True, "user_expressions": {},
-                            "allow_stdin": False, "stop_on_error": True}}))
+            msg_id = send("execute_request", {"code": source, "silent": False, "store_history": True,
+                                              "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
             t0 = time.monotonic()
             outputs: list[dict[str, Any]] = []
             reply, idle = None, False
