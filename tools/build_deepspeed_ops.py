@@ -1,5 +1,5 @@
 """Build DeepSpeed's C++ op that its communication backend loads when it starts (``shm_comm``), once,
-into jdist's cache (``~/.cache/jdist/torch_extensions``, or ``TORCH_EXTENSIONS_DIR``): the first
+into jdist's cache (``~/.cache/jdist/torch_extensions/<python environment>``, or ``TORCH_EXTENSIONS_DIR``): the first
 ``--backend deepspeed`` cluster on a machine then starts in seconds instead of ~35 s. Run by
 ``make test``; a second run finds the cached build and returns at once.
 

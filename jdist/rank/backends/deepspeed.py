@@ -27,7 +27,7 @@ jdist's client state (step, RNG, loader, scheduler). After a release the engine 
 it is prepared again and restored from a checkpoint (``%dist restart`` does both).
 
 DeepSpeed's one-time C++ op build (``shm_comm``, about 30 s on a fresh machine) is cached under
-``~/.cache/jdist/torch_extensions`` (``TORCH_EXTENSIONS_DIR`` when set).
+``~/.cache/jdist/torch_extensions/<python environment>`` (``TORCH_EXTENSIONS_DIR`` when set).
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import io
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -57,7 +59,11 @@ DEFAULTS: dict[str, Any] = {
 TIMED = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
          "all_gather", "broadcast", "all_to_all_single", "reduce_scatter", "all_gather_coalesced")
 CHECKPOINT_TAG = "jdist"
-EXTENSIONS_DIR = Path.home() / ".cache" / "jdist" / "torch_extensions"
+#: One folder per Python environment: torch's extension builder rebuilds an op whose build flags (the
+#: include and library paths of the environment's torch) changed, so two venvs sharing one folder rebuilt
+#: DeepSpeed's op (~35 s) each time the other had used it.
+EXTENSIONS_DIR = (Path.home() / ".cache" / "jdist" / "torch_extensions"
+                  / f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}")
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
