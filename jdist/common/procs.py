@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.protocol import ProcessIdentity
@@ -103,3 +105,43 @@ def mpi_shm_segments(pids: Sequence[int]) -> set[str]:
     """
     return {target for pid in pids for target in open_files(pid).values()
             if target.startswith("/dev/shm/mpich_shm_") and not target.endswith(" (deleted)")}
+
+
+def orphaned_mpi_shm(min_age: float = 60.0, shm_dir: Path = Path("/dev/shm")) -> list[Path]:
+    """This user's MPICH shared-memory segments (``mpich_shm_*``, ``mpich_vci_*``) that no process has
+    open and that are older than ``min_age`` seconds: left by jobs whose ranks were killed (a job's ranks
+    hold their segment open until ``MPI_Finalize`` removes it).
+
+    MPICH names a job's segment after its world id, which differs per job but repeats: seen twice in one
+    test run of this project, on a machine whose PIDs wrap at 32768 with such leftovers in ``/dev/shm``, a
+    new job attached a dead one's segment and ``MPI_Init`` failed ("Message from rank 1 and tag 7
+    truncated") or hung. The local launcher removes these before it starts a job.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     old, held, new = (Path(d) / f"mpich_shm_{n}_0" for n in ("a1", "b2", "c3"))
+    ...     for path in (old, held, new):
+    ...         _ = path.write_bytes(b"")
+    ...     for path in (old, held):
+    ...         os.utime(path, (time.time() - 120,) * 2)
+    ...     with open(held):
+    ...         [p.name for p in orphaned_mpi_shm(60, Path(d))]
+    ['mpich_shm_a1_0']
+    """
+    now, uid = time.time(), os.getuid()
+    candidates = {}
+    for path in shm_dir.glob("mpich_*"):
+        if not path.name.startswith(("mpich_shm_", "mpich_vci_")):
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if st.st_uid == uid and now - st.st_mtime >= min_age:
+            candidates[str(path)] = path
+    if candidates:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                for target in open_files(int(name)).values():
+                    candidates.pop(target, None)
+    return sorted(candidates.values())

@@ -23,6 +23,7 @@ after that each cell printed a ``--- Logging error ---`` traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shlex
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from jdist.common.procs import alive, mpi_shm_segments, pid_alive
+from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
 from jdist.common.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
 from jdist.common.waiting import poll_until
 from jdist.plugins import backend_spec
@@ -134,6 +135,9 @@ class LocalMPILauncher(RankLauncher):
         return local_engine_set_launcher()
 
     def configure(self, ipp_config: Any) -> None:
+        for path in orphaned_mpi_shm():  # a dead job's segment that this job could attach (see there)
+            with contextlib.suppress(OSError):
+                path.unlink()
         # the engines read the controller's connection file from the (local) profile directory, so
         # they start together with the controller instead of after it wrote its connection info
         ipp_config.Cluster.send_engines_connection_env = False
