@@ -112,10 +112,12 @@ def orphaned_mpi_shm(min_age: float = 60.0, shm_dir: Path = Path("/dev/shm")) ->
     open and that are older than ``min_age`` seconds: left by jobs whose ranks were killed (a job's ranks
     hold their segment open until ``MPI_Finalize`` removes it).
 
-    MPICH names a job's segment after its world id, which differs per job but repeats: seen twice in one
-    test run of this project, on a machine whose PIDs wrap at 32768 with such leftovers in ``/dev/shm``, a
-    new job attached a dead one's segment and ``MPI_Init`` failed ("Message from rank 1 and tag 7
-    truncated") or hung. The local launcher removes these before it starts a job.
+    MPICH names a job's segment after its world id (a 32-bit hash, ``mpich_shm_<id>_<node>``) and opens
+    an existing segment of that name instead of creating one, so a new job whose name matches a leftover
+    starts on a dead job's contents. The likely cause of an ``MPI_Init`` failure seen once in a full test
+    run here ("Message from rank 1 and tag 7 truncated"; ten leftovers in ``/dev/shm``, PIDs wrapping at
+    32768), and of the hangs in ``MPI_Init`` that :func:`mpi_shm_segments` was written for. The local
+    launcher removes these before it starts a job.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
