@@ -5,6 +5,7 @@ Needs CUDA GPUs; skipped (not failed) on machines without them, such as CI.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -238,7 +239,7 @@ def test_gpu_unchanged_scripts_under_jdist_run_have_a_record_per_step(tmp_path):
 
     from jdist.metrics import list_runs, read_run
 
-    env = {**__import__("os").environ, "JDIST_TEST_GPU": "1", "JDIST_RUN_DIR": str(tmp_path / "runs")}
+    env = {**os.environ, "JDIST_TEST_GPU": "1", "JDIST_RUN_DIR": str(tmp_path / "runs")}
     for name, text, args in (("nanogpt.py", NANOGPT, []), ("examples.py", EXAMPLES, ["--steps", "5"])):
         (tmp_path / name).write_text(text)
         out = subprocess.run([sys.executable, "-m", "jdist", "run", "--gpus", "1", "--output", "all",
