@@ -46,9 +46,15 @@ demo: venv
 # One pytest run: unit and integration tests, the docstring examples, and the notebooks executed by nbval
 # (cells marked NBVAL_CHECK_OUTPUT are compared with their saved output); then the packaging
 # checks (make packaging), which make clean venvs and so run outside pytest's time budget.
+# pytest's wall time (the CI budget is 15 minutes) is printed again as the last line, pass or fail.
 test: venv horovod deepspeed tf chromium testbed
-	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks -n $(TEST_WORKERS) $(PYTEST_FLAGS)
-	$(MAKE) --no-print-directory packaging
+	@mkdir -p build; start=$$(date +%s); \
+	JDIST_RUN_DIR=$(CURDIR)/build/runs $(BIN)/python -m pytest --nbval-lax tests jdist notebooks -n $(TEST_WORKERS) $(PYTEST_FLAGS); \
+	rc=$$?; took=$$(( $$(date +%s) - start )); \
+	echo "make test: pytest took $$took s ($$((took / 60)) min $$((took % 60)) s), exit code $$rc" > build/pytest-time.txt; \
+	cat build/pytest-time.txt; exit $$rc
+	@$(MAKE) --no-print-directory packaging || { cat build/pytest-time.txt; exit 1; }
+	@cat build/pytest-time.txt
 
 # The fast tier for the edit loop: unit and pure tests and the docstring examples; no kernel, MPI
 # cluster, Jupyter server or browser (tests marked `cluster` are left out). Under a minute.

@@ -224,14 +224,14 @@ def _text(outputs: list[dict[str, Any]]) -> str:
     return ANSI.sub("", "".join(parts)).strip()
 
 
-async def _kernel_ready(ws: Any, send: Callable[[str, dict[str, Any]], str], server: Server,
-                        timeout: float = 60.0) -> None:
+async def _kernel_ready(ws: Any, send: Callable[[str, dict[str, Any]], str], timeout: float) -> bool:
     """Ask ``kernel_info`` until the kernel answers over the websocket, as JupyterLab does before it sends
-    a cell: a first ``execute_request`` sent at once after the websocket opened was lost once (2026-11-27:
-    the kernel idle, no output, the check waiting out its 900 s cell timeout)."""
+    a cell; a reply to any of the requests counts (a slow kernel answers an earlier one after the next
+    was sent). False if none came within ``timeout`` or the websocket closed."""
     deadline = time.monotonic() + timeout
+    sent: set[str] = set()
     while time.monotonic() < deadline:
-        msg_id = send("kernel_info_request", {})
+        sent.add(send("kernel_info_request", {}))
         retry = min(deadline, time.monotonic() + 2.0)
         while (left := retry - time.monotonic()) > 0:
             try:
@@ -239,18 +239,18 @@ async def _kernel_ready(ws: Any, send: Callable[[str, dict[str, Any]], str], ser
             except asyncio.TimeoutError:
                 break
             if raw is None:
-                raise CheckFailed(f"the kernel's websocket closed before the kernel answered:\n{server.log()}")
+                return False
             msg = json.loads(raw) if isinstance(raw, str) else {}
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["header"]["msg_type"] == "kernel_info_reply":
-                return
-    raise CheckFailed(f"the kernel did not answer kernel_info within {timeout:.0f} s:\n{server.log()}")
+            if msg.get("parent_header", {}).get("msg_id") in sent and msg["header"]["msg_type"] == "kernel_info_reply":
+                return True
+    return False
 
 
-async def execute_notebook(server: Server, kernel_id: str, cells: list[dict[str, Any]],
-                           timeout: float) -> list[tuple[int, float]]:
-    """Run the code cells over the kernel's websocket (the JSON protocol JupyterLab speaks);
-    raises on the first error (except in cells tagged ``raises-exception``) or a check-output cell
-    that prints something else."""
+async def _connect(server: Server, kernel_id: str, wait: float = 60.0) -> tuple[Any, Callable[[str, dict[str, Any]], str]]:
+    """A websocket to the kernel that has answered ``kernel_info``. No second try: a kernel that does not
+    answer its first client is what a user would meet too (ipykernel 7.0-7.3 left a request unread on
+    the shell socket until the next connection, ipykernel#1554, 4 of 60 fresh kernels here; jdist
+    requires ipykernel>=7.4, which has the fix)."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
@@ -267,9 +267,22 @@ async def execute_notebook(server: Server, kernel_id: str, cells: list[dict[str,
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [], "content": content}))
         return msg_id
 
+    if await _kernel_ready(ws, send, wait):
+        return ws, send
+    ws.close()
+    status, state = server.request("GET", f"/api/kernels/{kernel_id}")
+    raise CheckFailed(f"the kernel did not answer kernel_info within {wait:.0f} s (GET /api/kernels/{kernel_id}: "
+                      f"{status} {state}):\n{server.log()}")
+
+
+async def execute_notebook(server: Server, kernel_id: str, cells: list[dict[str, Any]],
+                           timeout: float) -> list[tuple[int, float]]:
+    """Run the code cells over the kernel's websocket (the JSON protocol JupyterLab speaks);
+    raises on the first error (except in cells tagged ``raises-exception``) or a check-output cell
+    that prints something else."""
+    ws, send = await _connect(server, kernel_id)
     times = []
     try:
-        await _kernel_ready(ws, send, server)
         for index, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue
