@@ -193,3 +193,50 @@ def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkey
     assert read_run(run.path).count() == run.count()  # the run log, as the sidebar reads it
     assert time.time() - started < 120
     assert not [t for t in threading.enumerate() if t.name == "jdist-ray-fit"]  # the fit ended
+
+
+def fail_at_once(config):
+    import jdist
+
+    jdist.log(step=0, loss=1.0)
+    raise ValueError("bad input on worker 0")
+
+
+def test_a_controller_that_does_not_return_after_a_failure_is_killed_and_the_error_still_shown(
+        local_ray, monkeypatch, capsys):
+    """Ray Train's controller blocked after a worker failed (a controller callback that never returns,
+    as the controller once hung on a loaded machine): fit stops waiting, kills the controller and its
+    workers, and raises the worker's own error from what the worker sent."""
+    import jdist
+    import jdist.kernel.raytrain as raytrain
+    import jdist.ray
+    from jdist.errors import RankError
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    class Stuck(ControllerCallback):
+        def before_controller_execute_failure_decision(self, failure_decision):
+            time.sleep(3600)
+
+    monkeypatch.setattr(raytrain, "CONTROLLER_WAIT_S", 2.0)
+    monkeypatch.setattr(raytrain, "ABORT_S", 3.0)
+    stuck = DataParallelTrainer(fail_at_once, scaling_config=ScalingConfig(num_workers=1),
+                                run_config=RunConfig(storage_path=str(local_ray), callbacks=[Stuck()]))
+    started = time.time()
+    with pytest.raises(RankError) as info:
+        jdist.ray.fit(stuck)
+    took = time.time() - started
+    assert info.value.headline == "1 of 1 rank(s) failed (rank 0); first failure on rank 0: ValueError: bad input on worker 0"
+    tb = info.value.failed[0].traceback
+    assert tb[1].endswith(", in fail_at_once") and tb[-1] == "ValueError: bad input on worker 0", tb
+    assert ("jdist.ray: Ray Train's controller did not return within 2 s after a worker failed: aborting the run."
+            in capsys.readouterr().err)
+    run = jdist.last_run()
+    assert run.status == "failed" and "bad input" in run.error
+    assert took < 60, took
+    # the killed controller's worker went with it: Ray's CPUs are free for the next run
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()

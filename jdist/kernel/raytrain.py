@@ -8,8 +8,11 @@ run: every worker's ``jdist.log`` records and automatic metrics, and the numbers
 to ``ray.train.report``. The run goes to the kernel's runs (``jdist.last_run()``), the run log and
 the JupyterLab sidebar, as a ``%%distributed`` cell's does.
 
-- A worker that raises: :class:`jdist.errors.RankError` (each failed worker, the first one's
-  traceback as Ray Train sends it: beyond 1000 characters, its first and last 500), the run marked failed.
+- A worker that raises: :class:`jdist.errors.RankError` (each failed worker, the first one's whole
+  traceback as the worker sent it through the queue), the run marked failed.
+- Ray Train's controller that has not returned :data:`CONTROLLER_WAIT_S` after a worker failed or every
+  worker ended: one line, the run aborted (the controller killed if it does not answer, its placement
+  groups removed), and the workers' ``RankError`` raised.
 - Interrupt (the kernel's stop button, Ctrl-C): the run is aborted through Ray Train's controller,
   marked interrupted, and ``KeyboardInterrupt`` raised once the workers are gone.
 - ``ray.train.report`` blocks each worker until the controller polls it: Ray's default poll
@@ -71,6 +74,12 @@ POLL_S = 0.1
 HEALTH_CHECK_S = "0.2"
 #: Seconds to wait, once ``trainer.fit()`` returned, for records still on their way from the workers.
 DRAIN_S = 5.0
+#: Seconds Ray Train's controller gets to return ``fit`` once a worker failed or every worker ended (it
+#: polls them every 0.2 s; once, on a loaded 2-core machine, it never returned after a worker's error).
+#: Past them ``fit`` says so in one line, aborts the run and reports the errors the workers sent.
+CONTROLLER_WAIT_S = 60.0
+#: Seconds the controller gets to abort the run before ``fit`` kills it (its workers go with it).
+ABORT_S = 30.0
 HEALTH_CHECK_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
@@ -142,6 +151,11 @@ class _Driver:
         self.controller: Any = None
         self.ended: set[int] = set()  # workers whose session closed (their last records came)
         self.report_steps: dict[int, list[Any]] = {}  # per worker: its newest jdist.log step at each report
+        self.placement_groups: set[str] = set()  # the worker groups' (ids), as the workers sent them
+        self.failures: dict[int, RankFailure] = {}  # what the workers' training functions raised, as they sent it
+        self.settled: float | None = None  # when a worker failed or every worker ended, or something came since
+        failure_config = getattr(getattr(trainer, "run_config", None), "failure_config", None)
+        self.retries = getattr(failure_config, "max_failures", 0) != 0
         self.outcome: dict[str, Any] = {}
 
     def _fit(self) -> None:
@@ -154,7 +168,7 @@ class _Driver:
         thread = threading.Thread(target=self._fit, name="jdist-ray-fit", daemon=True)
         thread.start()
         try:
-            while thread.is_alive():
+            while thread.is_alive() and not self._stalled():
                 self._drain()
                 self.collector.tick()
                 thread.join(POLL_S)
@@ -163,18 +177,51 @@ class _Driver:
             self._finish(thread, "interrupted", "interrupted")
             print("jdist.ray: interrupted: the Ray Train run was aborted.", file=sys.stderr)
             raise
+        stalled = thread.is_alive()
+        if stalled:
+            what = "a worker failed" if self.failures else "every worker ended"
+            print(f"jdist.ray: Ray Train's controller did not return within {CONTROLLER_WAIT_S:.0f} s after {what}: "
+                  "aborting the run.", file=sys.stderr)
+            self._abort(thread)
         error = self.outcome.get("error")
-        if error is None:
+        if error is None and "result" in self.outcome:
             self._finish(thread, "finished", None)
             return self.outcome["result"]
-        failure = _rank_error(error, self.world)
+        self._drain()
+        failure = self._rank_error(error)
+        if failure is None and (stalled or error is None):
+            error = RuntimeError(f"Ray Train's controller did not return within {CONTROLLER_WAIT_S:.0f} s after "
+                                 "every worker ended and was aborted; Ray's log has why")
         self._finish(thread, "failed", failure.headline if failure is not None else f"{type(error).__name__}: {error}")
         if failure is not None:
             raise failure from None
         raise error
 
+    def _stalled(self) -> bool:
+        """True once the controller had :data:`CONTROLLER_WAIT_S` after a failure or every worker's end with
+        nothing more from the workers; never where Ray Train restarts failed worker groups (``FailureConfig``)."""
+        if self.retries or (not self.failures and len(self.ended) < self.world):
+            return False
+        if self.settled is None:
+            self.settled = time.monotonic()
+        return time.monotonic() - self.settled > CONTROLLER_WAIT_S
+
+    def _rank_error(self, error: BaseException | None) -> RankError | None:
+        """The workers' failures: those Ray Train's error names (else those the workers sent), each with
+        the traceback the worker sent where it came (whole; Ray's text of it is cut beyond 1000 characters)."""
+        failed = dict(getattr(_rank_error(error, self.world), "failed", None) or self.failures)
+        if not failed:
+            return None
+        failed.update({rank: self.failures[rank] for rank in failed if rank in self.failures})
+        return RankError(failed, self.world, first_failure(failed))
+
     def _abort(self, thread: threading.Thread) -> None:
+        """Abort the run through Ray Train's controller; one that does not answer within
+        :data:`ABORT_S` is killed (its workers go with it) and its worker groups' placement groups,
+        which would keep their CPUs and GPUs reserved, are removed."""
         import ray
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
 
         deadline = time.monotonic() + 30
         while self.controller is None and thread.is_alive() and time.monotonic() < deadline:
@@ -182,10 +229,19 @@ class _Driver:
             thread.join(POLL_S)
         if self.controller is not None:
             try:
-                ray.get(self.controller.abort.remote(), timeout=30)
+                ray.get(self.controller.abort.remote(), timeout=ABORT_S)
             except Exception:
-                pass
-        thread.join(60)
+                try:
+                    ray.kill(self.controller, no_restart=True)
+                except Exception:
+                    pass
+                self._drain()
+                for group in self.placement_groups:
+                    try:
+                        remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group)))
+                    except Exception:
+                        pass
+        thread.join(ABORT_S)
 
     def _finish(self, thread: threading.Thread, status: str, error: str | None) -> None:
         deadline = time.monotonic() + DRAIN_S
@@ -201,6 +257,8 @@ class _Driver:
             items = self.queue.get_nowait_batch(size) if size else []
         except Exception:  # the queue actor is gone (Ray shut down)
             return
+        if items and self.settled is not None:
+            self.settled = time.monotonic()
         for item in items:
             kind = item[0]
             if kind == "data":
@@ -219,6 +277,12 @@ class _Driver:
                 self.collector.add(report_records(index, item[2], item[3], at))
             elif kind == "controller":
                 self.controller = item[1]
+            elif kind == "placement":
+                if item[2]:
+                    self.placement_groups.add(item[2])
+            elif kind == "failed":
+                rank, ename, evalue, text, when = item[1:]
+                self.failures[rank] = RankFailure(rank, ename, evalue, _without_wrapper(text), when)
         self.collector.flush()
 
 
@@ -261,18 +325,20 @@ def _tracebacks(message: str) -> dict[int, tuple[str, ...]]:
     ZeroDivisionError: division by zero
     """
     parts = SNIPPET.split(message)
-    out = {}
-    for rank, text in zip(parts[1::2], parts[2::2]):
-        lines, ours = [], False
-        for line in text.rstrip("\n").splitlines():
-            if line.startswith("  File "):
-                ours = WRAPPER_FRAME.match(line) is not None
-            elif not line.startswith("    "):
-                ours = False
-            if not ours:
-                lines.append(line)
-        out[int(rank)] = tuple(lines)
-    return out
+    return {int(rank): _without_wrapper(text) for rank, text in zip(parts[1::2], parts[2::2])}
+
+
+def _without_wrapper(text: str) -> tuple[str, ...]:
+    """A traceback's lines without the frame of :func:`jdist.ray.bridge.in_session` (:data:`WRAPPER_FRAME`)."""
+    lines, ours = [], False
+    for line in text.rstrip("\n").splitlines():
+        if line.startswith("  File "):
+            ours = WRAPPER_FRAME.match(line) is not None
+        elif not line.startswith("    "):
+            ours = False
+        if not ours:
+            lines.append(line)
+    return tuple(lines)
 
 
 def _code_of(trainer: Any) -> str:

@@ -107,9 +107,12 @@ def in_session(train_loop: Callable[..., Any], queue: Any) -> Callable[..., Any]
         worker = importlib.import_module(WORKER_SIDE)
         worker.open_session(queue)
         try:
-            return train_loop(*config)
-        finally:
-            worker.close_session()
+            result = train_loop(*config)
+        except BaseException as exc:
+            worker.close_session(exc)
+            raise
+        worker.close_session()
+        return result
 
     return jdist_train_loop
 

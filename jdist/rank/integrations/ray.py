@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+import traceback
 from typing import Any
 
 from jdist.codec import encode_data
@@ -36,6 +38,7 @@ class QueueChannel:
 
 def open_session(queue: Any) -> RankSession:
     """Make this worker's session current (replacing none: a Ray worker runs one training)."""
+    import ray
     import ray.train
 
     from ..backends.base import RankContext
@@ -45,6 +48,8 @@ def open_session(queue: Any) -> RankSession:
                       local_rank=ctx_ray.get_local_rank(), local_world_size=ctx_ray.get_local_world_size(),
                       hostname=socket.gethostname(), device=current_device(),
                       master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), timeout_s=0.0)
+    # the worker group's placement group: the kernel removes it if it has to kill Ray Train's controller
+    queue.put(("placement", ctx.rank, ray.get_runtime_context().get_placement_group_id()))
     s = RankSession(ctx=ctx, backend=None, spec=None, channel=QueueChannel(queue, ctx.rank), comm_timed=False)
     activate(s)
     s.begin_cell()
@@ -60,11 +65,16 @@ def note_report() -> None:
         s.channel.queue.put(("at", s.ctx.rank, s.stream.last_step()))
 
 
-def close_session() -> None:
-    """The rest of the records and their count, then no session."""
+def close_session(error: BaseException | None = None) -> None:
+    """The rest of the records and their count, then no session. ``error``: what the training function
+    raised; its whole traceback goes to the queue first (``("failed", rank, ename, evalue, text, when)``),
+    so the kernel has it even when Ray Train's controller does not return the worker group's error."""
     s = current()
     if s is None or not isinstance(s.channel, QueueChannel):
         return
+    if error is not None and not isinstance(error, KeyboardInterrupt):
+        text = "".join(traceback.format_exception(error))
+        s.channel.queue.put(("failed", s.ctx.rank, type(error).__name__, str(error), text, time.time()))
     s.stop_publisher()
     s.end_cell()
     activate(None)
