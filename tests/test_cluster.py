@@ -164,6 +164,30 @@ def test_stop_ends_every_rank_process():
 
 
 @pytest.mark.cluster
+def test_stop_while_a_rank_and_its_nanny_were_killed_mid_cell_is_bounded(monkeypatch):
+    """A rank killed with its nanny while a cell runs (a lost node, an OOM kill of its process group):
+    the controller still lists its task, so the stop signals every engine through the controller, and
+    the dead one never answers. The stop goes on after its bounded wait (once, a %dist stop hung here)."""
+    import threading
+
+    import jdist.kernel.cluster
+
+    monkeypatch.setattr(jdist.kernel.cluster, "SIGNAL_WAIT_S", 2.0)
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    c.start()
+    pids = [r["pid"] for r in c.ranks]
+    ar = c.execute("import time; print('running', flush=True); time.sleep(600)")
+    wait_for(lambda: all("running" in out for out in ar.stdout), what="the cell running on both ranks")
+    victim = psutil.Process(pids[1])
+    for proc in [*victim.children(recursive=True), victim]:  # the nanny is the engine's child
+        proc.kill()
+    stopped = threading.Event()
+    threading.Thread(target=lambda: (c.stop(), stopped.set()), daemon=True).start()
+    assert stopped.wait(60), "stop did not return within 60 s"
+    wait_for(lambda: not any(_alive(p) for p in pids), what="the rank processes to end")
+
+
+@pytest.mark.cluster
 def test_a_killed_job_leaves_no_shared_memory_segment():
     # MPICH removes its /dev/shm segment in MPI_Finalize; a killed rank cannot. A later job whose
     # segment got the same name hung in MPI_Init (seen here, with 267 stale segments in /dev/shm).

@@ -56,6 +56,10 @@ HEARTBEAT_MISSES = 150
 #: On stop, how long idle ranks get to end their processes themselves (they take ~0.05 s) before
 #: ipyparallel's launcher sends SIGTERM (an engine's own shutdown on SIGTERM takes about a second).
 EXIT_WAIT_S = 2.0
+#: On stop of busy ranks, how long the engines get to confirm the SIGKILL their nannies send. A rank
+#: killed together with its nanny (a lost node, an OOM kill of its process group) never answers: with
+#: no bound, %dist stop waited for ever (tests/test_cluster.py); the launcher ends what is left.
+SIGNAL_WAIT_S = 10.0
 
 
 class ClusterSession:
@@ -273,8 +277,10 @@ class ClusterSession:
                 pass  # engines may be dead or busy; stopping them below releases everything
         if client is not None and busy:
             try:  # through the controller (each engine's nanny): also ranks on other hosts
-                client.send_signal(signal.SIGKILL, block=True)
-                # mpiexec notices its killed ranks only ~2 s later (measured): end it once they are gone
+                client.send_signal(signal.SIGKILL, block=False).result(SIGNAL_WAIT_S)
+            except Exception:
+                pass  # an engine whose nanny is gone never answers; the others got their signal
+            try:  # mpiexec notices its killed ranks only ~2 s later (measured): end it once they are gone
                 if launcher is not None and launcher.wait_ended(n_ranks, EXIT_WAIT_S):
                     launcher.ranks_ended()
             except Exception:

@@ -72,7 +72,11 @@ class Controller:
 
     def signal(self, sig: int, engine_ids: list[int]) -> None:
         with self.lock:
-            self._connect().send_signal(sig, targets=engine_ids, block=True)
+            sent = self._connect().send_signal(sig, targets=engine_ids, block=False)
+        try:  # outside the lock: an engine whose nanny is gone never answers (its rank's death is reported)
+            sent.result(CONTROLLER_TIMEOUT_S)
+        except TimeoutError:
+            pass
 
     def close(self) -> None:
         with self.lock:
