@@ -69,6 +69,21 @@ def test_failure_outside_a_collective_stops_the_others_too(faults):
     _group_works(faults)
 
 
+def test_an_interrupt_after_a_collective_only_one_rank_started_re_creates_the_group(faults):
+    """An asynchronous collective that rank 0 started and rank 1 never will (as DDP's bucket reductions or
+    DeepSpeed's prefetch can be when the interrupt comes): no rank waits in it, yet the next collective
+    would pair with it and the one after hang. The ranks' counts of started collectives differ, so the
+    group is re-created."""
+    msg_id = faults.start("%%distributed\nif rank == 0:\n    pending = dist.all_reduce(torch.ones(1), async_op=True)\n"
+                          "print('started', flush=True)\nwhile True:\n    time.sleep(0.01)")
+    faults.wait_for_stdout(msg_id, "started", timeout=60)
+    faults.km.interrupt_kernel()
+    out = faults.collect(msg_id, timeout=60)
+    assert out.error["ename"] == "KeyboardInterrupt", out.shown
+    assert "process group was re-created on all ranks; variables on the ranks are kept" in out.shown, out.shown
+    _group_works(faults)
+
+
 def test_a_hang_in_a_group_made_with_new_group_is_released_too(faults):
     # DeepSpeed's groups, new_subgroups, the user's own: their sockets are the guard's too
     out = faults.run("%%distributed --watchdog 3\npair = dist.new_group([0, 1])\nx = torch.ones(1)\n"

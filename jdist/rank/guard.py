@@ -178,8 +178,16 @@ class Guard:
                         pass
 
     def state(self) -> dict[str, str | None]:
-        """``broken`` (why this rank broke the group, or None) and ``released_from``."""
-        return {"broken": self.broken, "released_from": self.released_from}
+        """``broken`` (why this rank broke the group, or None), ``released_from`` and ``started`` (the
+        backend's marker of the collectives this rank started: :meth:`Backend.collectives_started
+        <jdist.rank.backends.Backend.collectives_started>`)."""
+        started = None
+        if self.marker is not None:
+            try:
+                started = self.marker()
+            except Exception:  # no marker is no evidence
+                pass
+        return {"broken": self.broken, "released_from": self.released_from, "started": started}
 
 
 _signal_thread: threading.Thread | None = None

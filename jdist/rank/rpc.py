@@ -52,8 +52,17 @@ def guard_state() -> dict[str, str | None]:
     """Whether this rank broke the process group (a release), where it was waiting, and why its
     communication cannot be used again in this process (``unusable``: the ranks must restart)."""
     s = session()
-    state = s.guard.state() if s.guard is not None else {"broken": None, "released_from": None}
+    state = s.guard.state() if s.guard is not None else {"broken": None, "released_from": None, "started": None}
     return {**state, "unusable": s.backend.unusable() if s.backend is not None else None}
+
+
+def break_group(why: str) -> None:
+    """Make every pending collective of this rank's process groups fail (all ranks call it before
+    :func:`rebuild_group` when the ranks started different numbers of collectives: one that only some
+    started, e.g. an asynchronous one, would pair with the next one the others start)."""
+    s = session()
+    if s.guard is not None:
+        s.guard.break_group(why)
 
 
 def rebuild_group() -> dict[str, Any]:

@@ -273,8 +273,12 @@ def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
     in the backend's words (``RankCall("rebuild_group")``)."""
     try:
         states = cluster.call("guard_state", timeout=10)
-        if not any(st["broken"] for st in states):
+        started = diverged(states)
+        if not any(st["broken"] for st in states) and started is None:
             return None
+        if started is not None:  # a collective some ranks started (async) and the others never will
+            cluster.call("break_group", f"the ranks had started different numbers of collectives ({started})",
+                         timeout=10)
         reports = cluster.call("rebuild_group", timeout=cluster.config.timeout + 10)
     except Exception as exc:  # the ranks are not usable: say what to do
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -282,6 +286,28 @@ def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
         "released_from": {r: rep["released_from"] for r, rep in enumerate(reports) if rep["released_from"]},
         **{key: reports[0][key] for key in ("reattached", "stale", "kept", "lost")},
     }
+
+
+def diverged(states: list[dict[str, Any]]) -> str | None:
+    """The ranks' counts of started collectives on the default group (``t<n>`` markers) where they
+    differ, e.g. ``"rank 0: 41, rank 1: 40"``; None where they agree or a rank has none. Ranks that stopped
+    outside any collective with different counts left one started on some ranks only (an async
+    ``all_reduce``, DDP's bucket reduction, DeepSpeed's prefetch): the next collective would pair with it.
+
+    >>> diverged([{"started": "t41"}, {"started": "t40"}])
+    'rank 0: 41, rank 1: 40'
+    >>> diverged([{"started": "t41,h3"}, {"started": "t41,h2"}]) is None
+    True
+    """
+    counts = []
+    for st in states:
+        marker = (st.get("started") or "").split(",")[0]
+        if not (marker.startswith("t") and marker[1:].isdigit()):
+            return None
+        counts.append(int(marker[1:]))
+    if len(set(counts)) < 2:
+        return None
+    return ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
 
 
 def released_where(cluster: ClusterSession) -> dict[str, Any] | None:
