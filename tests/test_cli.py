@@ -24,6 +24,7 @@ from conftest import wait_for
 from jdist.cli import main, parser
 from jdist.cli.runs import title_of
 from jdist.common.procs import pid_alive
+from jdist.kernel.launch.ipcontroller import OWNER_POLL_S
 from jdist.metrics import list_runs, read_run
 
 pytestmark = pytest.mark.cluster
@@ -377,6 +378,8 @@ def test_keep_leaves_the_ranks_for_a_notebook_to_attach(work, kernel, kernel_env
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and f"%dist attach {offered.name}" in err and "attached by the kernel" in err
         assert not (offered / "attach.json").exists()
+        # the controller watches its owner (the CLI, gone now): it must have taken the kernel as its owner
+        time.sleep(2 * OWNER_POLL_S)
         out = kernel.run("%%distributed --output all\nprint(secret, steps_done)")
         assert sorted(out.stdout.splitlines()) == ["[rank 0] 7 5", "[rank 1] 17 5"]
         out = kernel.run("%%distributed\nimport torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\n"

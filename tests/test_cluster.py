@@ -285,8 +285,10 @@ def test_a_start_that_times_out_leaves_no_process_of_the_job(monkeypatch):
 
 
 @pytest.mark.cluster
-def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
-    # A kernel killed with SIGKILL cannot stop its cluster: the ranks must notice and clean up.
+@pytest.mark.parametrize("ranks_first", [False, True], ids=["ranks-alive", "ranks-killed-first"])
+def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path, ranks_first):
+    # A kernel killed with SIGKILL cannot stop its cluster: the ranks must notice and clean up, and
+    # the controller ends itself when no rank is left to end it (ranks killed first; a start cut short)
     import signal
     import subprocess
     import sys
@@ -308,6 +310,11 @@ def test_ranks_and_controller_end_when_the_kernel_is_killed(tmp_path):
 
         pids = json.loads(owner.stdout.readline())
         assert all(_alive(p) for p in pids)
+        if ranks_first:
+            ranks = [psutil.Process(p) for p in pids[:2]]
+            for proc in [*ranks, *(child for r in ranks for child in r.children(recursive=True))]:
+                proc.kill()
+            wait_for(lambda: not any(_alive(p) for p in pids[:2]), what="the killed ranks to end")
         owner.send_signal(signal.SIGKILL)
         owner.wait(60)
         wait_for(lambda: not any(_alive(p) for p in pids), timeout=120,

@@ -60,6 +60,8 @@ EXIT_WAIT_S = 2.0
 #: killed together with its nanny (a lost node, an OOM kill of its process group) never answers: with
 #: no bound, %dist stop waited for ever (tests/test_cluster.py); the launcher ends what is left.
 SIGNAL_WAIT_S = 10.0
+#: In the cluster's private folder: the owner's PID and start time, which the controller watches.
+OWNER_FILE = "owner"
 
 
 class ClusterSession:
@@ -108,6 +110,7 @@ class ClusterSession:
         t0 = time.perf_counter()
         self.recovery.take()  # new ranks: nothing of the old ones' to replay (recovery.restart took it first)
         self.work_dir = Path(tempfile.mkdtemp(prefix="jdist-"))  # mode 0700
+        ipcontroller.write_owner(self.work_dir / OWNER_FILE, os.getpid())  # the controller watches it
         launcher = self.launcher = launcher_class(self.config.launcher)(self.config, self.work_dir)
         try:
             launcher.probe()
@@ -120,7 +123,8 @@ class ClusterSession:
                 # ipyparallel logs to the kernel's stdout; at WARNING it dumps engine logs on every stop
                 log_level=logging.ERROR,
                 # the controller warns once per jdist data message ("unhandled iopub msg_type")
-                controller_args=[f"--engines={n}", "--log-level=ERROR", f"--HeartMonitor.period={HEARTBEAT_MS}",
+                controller_args=[f"--engines={n}", f"--owner-file={self.work_dir / OWNER_FILE}", "--log-level=ERROR",
+                                 f"--HeartMonitor.period={HEARTBEAT_MS}",
                                  f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
                 + (["--IPController.enable_curve=True"] if self.config.encrypt else []),
             )
@@ -346,6 +350,7 @@ class ClusterSession:
                 raise ClusterError("The ranks of the cluster to attach are not all registered with its controller.")
             self.launcher.attach_client(self.client, self._engine_of_rank)
             self.launcher.watch(self.ranks)
+            ipcontroller.write_owner(self.work_dir / OWNER_FILE, os.getpid())  # the controller's owner now
             self.call("set_owner", os.getpid())
         except BaseException:
             self.detach()

@@ -8,17 +8,26 @@ the beat after that. At the cluster's steady period (``HEARTBEAT_MS``, 200 ms) e
 hearts are all beating, then at the configured period, so a start waits about 0.1 s and the
 controller's idle CPU stays that of the steady period.
 
+It also watches the process that owns the cluster (``--owner-file``: a file holding its PID and start
+time, rewritten when another process attaches the cluster): once that process is gone, the controller
+ends itself and its scheduler processes. The ranks end it too when their owner dies (rank 0), but a
+cluster whose ranks died first, or never started, used to leave it running.
+
 Used as the controller launcher's command (``jdist/kernel/cluster.py``)::
 
-    python -m jdist.kernel.launch.ipcontroller --engines=4 [ipcontroller's own arguments]
+    python -m jdist.kernel.launch.ipcontroller --engines=4 --owner-file=PATH [ipcontroller's own arguments]
 
-Everything but ``--engines`` goes to ipyparallel's controller unchanged.
+Everything but ``--engines`` and ``--owner-file`` goes to ipyparallel's controller unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 #: The beat while engines register. Missed beats count as ipyparallel counts them, so the shorter
@@ -28,21 +37,72 @@ STARTUP_BEAT_MS = 50
 ENGINES_VAR = "JDIST_CONTROLLER_ENGINES"
 
 
-def split_engines(argv: list[str]) -> tuple[int, list[str]]:
-    """``--engines=N`` out of the command line: N, and ipyparallel's arguments.
+#: Seconds between two looks at the owner.
+OWNER_POLL_S = 1.0
 
-    >>> split_engines(["--engines=4", "--log-level=ERROR"])
-    (4, ['--log-level=ERROR'])
+
+def split_engines(argv: list[str]) -> tuple[int, str | None, list[str]]:
+    """``--engines=N`` and ``--owner-file=PATH`` out of the command line: N, PATH, ipyparallel's arguments.
+
+    >>> split_engines(["--engines=4", "--owner-file=/tmp/x/owner", "--log-level=ERROR"])
+    (4, '/tmp/x/owner', ['--log-level=ERROR'])
     >>> split_engines(["--log-level=ERROR"])
-    (0, ['--log-level=ERROR'])
+    (0, None, ['--log-level=ERROR'])
     """
-    engines, rest = 0, []
+    engines, owner, rest = 0, None, []
     for arg in argv:
         if arg.startswith("--engines="):
             engines = int(arg.split("=", 1)[1])
+        elif arg.startswith("--owner-file="):
+            owner = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    return engines, rest
+    return engines, owner, rest
+
+
+def write_owner(path: Path, pid: int) -> None:
+    """Note process ``pid`` (of this host) as the cluster's owner in ``path``, whole (by rename)."""
+    import psutil
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{pid} {psutil.Process(pid).create_time()}\n")
+    os.replace(tmp, path)
+
+
+def owner_alive(path: Path) -> bool:
+    """Whether the process noted in ``path`` still runs (the same process: PID and start time). No file:
+    the owner's stop removed the cluster's folder, or the owner is gone."""
+    from jdist.common.procs import alive
+
+    try:
+        pid, created = path.read_text().split()
+    except (OSError, ValueError):
+        return False
+    return alive({"pid": int(pid), "create_time": float(created)})
+
+
+def watch_owner(path: Path) -> None:
+    """End this controller and its schedulers once the owner noted in ``path`` is gone."""
+
+    def watch() -> None:
+        while owner_alive(path):
+            time.sleep(OWNER_POLL_S)
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            try:
+                child.terminate()
+            except psutil.Error:
+                pass
+        for child in psutil.wait_procs(children, timeout=3)[1]:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="jdist-owner-watch", daemon=True).start()
 
 
 def next_period(hearts: int, engines: int, period_ms: int) -> int:
@@ -76,8 +136,10 @@ def start_heartmonitor(**kwargs: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    engines, rest = split_engines(sys.argv[1:] if argv is None else argv)
+    engines, owner, rest = split_engines(sys.argv[1:] if argv is None else argv)
     os.environ[ENGINES_VAR] = str(engines)
+    if owner is not None:
+        watch_owner(Path(owner))
     from ipyparallel.controller import app
 
     app.start_heartmonitor = start_heartmonitor  # what the controller's heart-monitor process runs
