@@ -84,6 +84,23 @@ def test_an_interrupt_after_a_collective_only_one_rank_started_re_creates_the_gr
     _group_works(faults)
 
 
+def test_a_rank_that_handles_the_interrupt_and_then_waits_in_a_collective_is_released(faults):
+    """Rank 1 catches the KeyboardInterrupt and goes on into an all_reduce that rank 0, stopped, never
+    joins (as a rank can when the interrupt comes just before it enters a collective): its guard had
+    nothing to release when the SIGINT came, so the kernel sends it another one, and the group is
+    re-created instead of the ranks waiting out the grace and needing a restart."""
+    msg_id = faults.start("%%distributed\ntry:\n    print('looping', flush=True)\n    while True:\n"
+                          "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n"
+                          "        dist.all_reduce(torch.ones(1))\n    raise")
+    faults.wait_for_stdout(msg_id, "looping", timeout=60)
+    faults.km.interrupt_kernel()
+    out = faults.collect(msg_id, timeout=60)
+    assert out.error["ename"] == "KeyboardInterrupt", out.shown
+    assert "did not stop" not in out.shown, out.shown
+    assert "process group was re-created on all ranks; variables on the ranks are kept" in out.shown, out.shown
+    _group_works(faults)
+
+
 def test_a_hang_in_a_group_made_with_new_group_is_released_too(faults):
     # DeepSpeed's groups, new_subgroups, the user's own: their sockets are the guard's too
     out = faults.run("%%distributed --watchdog 3\npair = dist.new_group([0, 1])\nx = torch.ones(1)\n"

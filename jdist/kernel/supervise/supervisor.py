@@ -60,6 +60,12 @@ class Phase(str, Enum):
     DONE = "done"
 
 
+#: Seconds into an interrupt's or a release's grace after which ranks still waiting in a collective, while
+#: others have stopped, get SIGINT again (:meth:`CellSupervisor._rerelease`; seen once under load: rank 1 of
+#: a DeepSpeed ZeRO-3 cell went on into a reduce_scatter after the interrupt and waited out the grace).
+RERELEASE_S = 2.0
+
+
 class CellSupervisor:
     """Runs one cell on its ranks until it ends, handling faults on the way (see the module doc)."""
 
@@ -89,6 +95,8 @@ class CellSupervisor:
         self.view: IppCellView = None  # type: ignore[assignment]  # set by run()
         self.last_progress = time.monotonic()
         self.deadline: float | None = None
+        self.grace_began: float | None = None
+        self.rereleased = False  # the ranks waiting in a collective after the grace's first seconds got SIGINT again
         self.paused: set[int] = set()  # ranks stopped in a debugger (no hang while they are)
 
     @property
@@ -149,6 +157,9 @@ class CellSupervisor:
                     if isinstance(action, EndGrace):
                         self.deadline = now
                         break
+                if (self.grace_began is not None and not self.rereleased
+                        and now - self.grace_began >= RERELEASE_S):
+                    self._rerelease()
             except KeyboardInterrupt:
                 if not self.obs.interrupted:
                     self.obs.interrupted = True
@@ -166,7 +177,29 @@ class CellSupervisor:
 
     def _start_grace(self) -> None:
         self.phase = Phase.RELEASING
-        self.deadline = time.monotonic() + self.cluster.config.interrupt_grace
+        self.grace_began = time.monotonic()
+        self.deadline = self.grace_began + self.cluster.config.interrupt_grace
+
+    def _rerelease(self) -> None:
+        """Once in a grace, :data:`RERELEASE_S` into it: where some ranks have stopped, the ranks still
+        waiting in a collective (which the stopped ones will not join) get SIGINT again, so that their
+        guard releases it. The first one found them outside any collective: they handled it, or it came
+        just before they entered one."""
+        self.rereleased = True
+        running = self.view.running()
+        if not running or len(running) == len(self.ranks):
+            return
+        spec = backend_spec(self.cluster.config.backend)
+        if not spec.releases:  # its collectives cannot be released (TF): the grace and its report as before
+            return
+        try:
+            stacks = self.cluster.stacks(running)
+        except Exception:  # no stacks: the grace goes on as it would have
+            return
+        waiting = [r for r, frames in stacks.items()
+                   if summary(frames, spec.backward_waits, spec.collective_paths).startswith("waiting in ")]
+        if waiting:
+            self.cluster.interrupt(waiting)
 
     def _pump(self) -> bool:
         """Hand every queued message on; True if there was any (a host's load sample does not count: it
