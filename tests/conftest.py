@@ -151,7 +151,16 @@ class KernelSession:
     def __init__(self, env: dict[str, str]):
         from jupyter_client.manager import start_new_kernel
 
-        self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+        for attempt in (1, 2):
+            try:
+                self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+                return
+            except RuntimeError as exc:
+                # jupyter_client picks free TCP ports, closes them and writes them to the connection file; under
+                # the suite's load another process (Ray, gloo, MPI) once took one before the kernel bound it
+                # ("Address already in use", the kernel died): a second start gets new ports
+                if attempt == 2 or "Kernel died before replying" not in str(exc):
+                    raise
 
     def run(self, code: str, timeout: float = 180, allow_error: bool = False,
             replies: list[Any] | None = None) -> CellOutput:
