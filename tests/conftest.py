@@ -224,6 +224,14 @@ class KernelSession:
         self._partial = None
         return out
 
+    def interrupted(self, code: str, *texts: str, wait: float = 60, timeout: float = 120) -> CellOutput:
+        """Run ``code``, interrupt the kernel once its stdout shows every one of ``texts`` (within ``wait``
+        s), and collect the cell until it ends (within ``timeout`` s)."""
+        msg_id = self.start(code)
+        self.wait_for_stdout(msg_id, *texts, timeout=wait)
+        self.km.interrupt_kernel()
+        return self.collect(msg_id, timeout=timeout)
+
     def _read(self, msg_id: str, timeout: float, until: Any, out: CellOutput | None = None) -> CellOutput:
         out = out or CellOutput()
         deadline = time.monotonic() + timeout

@@ -315,12 +315,9 @@ def test_a_failing_rank_releases_the_other_from_a_zero_3_gather(ds):
 
 def test_interrupt_stops_zero_3_training_and_a_new_engine_trains(ds):
     ds.run("%%distributed --zero 3\nmodel, opt = train(1)")
-    msg_id = ds.start("%%distributed\nfor s in range(10**9):\n"
-                      "    jdist.backward(nn.functional.mse_loss(model(X[:8]), Y[:8])); opt.step()\n"
-                      "    if s == 20: print('training', flush=True)")
-    ds.wait_for_stdout(msg_id, "training", timeout=120)
-    ds.km.interrupt_kernel()
-    out = ds.collect(msg_id, timeout=120)
+    out = ds.interrupted("%%distributed\nfor s in range(10**9):\n"
+                         "    jdist.backward(nn.functional.mse_loss(model(X[:8]), Y[:8])); opt.step()\n"
+                         "    if s == 20: print('training', flush=True)", "training", wait=120)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
     assert "variables on the ranks are kept" in out.shown, out.shown
     ds.run("%%distributed\nmodel, opt = train(3)\nok = len(full_params(model))")

@@ -74,11 +74,8 @@ def test_an_interrupt_after_a_collective_only_one_rank_started_re_creates_the_gr
     DeepSpeed's prefetch can be when the interrupt comes): no rank waits in it, yet the next collective
     would pair with it and the one after hang. The ranks' counts of started collectives differ, so the
     group is re-created."""
-    msg_id = faults.start("%%distributed\nif rank == 0:\n    pending = dist.all_reduce(torch.ones(1), async_op=True)\n"
-                          "print('started', flush=True)\nwhile True:\n    time.sleep(0.01)")
-    faults.wait_for_stdout(msg_id, "started", timeout=60)
-    faults.km.interrupt_kernel()
-    out = faults.collect(msg_id, timeout=60)
+    out = faults.interrupted("%%distributed\nif rank == 0:\n    pending = dist.all_reduce(torch.ones(1), async_op=True)\n"
+                             "print('started', flush=True)\nwhile True:\n    time.sleep(0.01)", "started", timeout=60)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
     assert "process group was re-created on all ranks; variables on the ranks are kept" in out.shown, out.shown
     _group_works(faults)
@@ -89,12 +86,9 @@ def test_a_rank_that_handles_the_interrupt_and_then_waits_in_a_collective_is_rel
     joins (as a rank can when the interrupt comes just before it enters a collective): its guard had
     nothing to release when the SIGINT came, so the kernel sends it another one, and the group is
     re-created instead of the ranks waiting out the grace and needing a restart."""
-    msg_id = faults.start("%%distributed\ntry:\n    print('looping', flush=True)\n    while True:\n"
-                          "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n"
-                          "        dist.all_reduce(torch.ones(1))\n    raise")
-    faults.wait_for_stdout(msg_id, "looping", timeout=60)
-    faults.km.interrupt_kernel()
-    out = faults.collect(msg_id, timeout=60)
+    out = faults.interrupted("%%distributed\ntry:\n    print('looping', flush=True)\n    while True:\n"
+                             "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n"
+                             "        dist.all_reduce(torch.ones(1))\n    raise", "looping", timeout=60)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
     assert "did not stop" not in out.shown, out.shown
     assert "process group was re-created on all ranks; variables on the ranks are kept" in out.shown, out.shown
