@@ -188,7 +188,7 @@ class _Driver:
             self._finish(thread, "finished", None)
             return self.outcome["result"]
         self._drain()
-        failure = self._rank_error(error)
+        failure = self._failure(error)
         if failure is None and (stalled or error is None):
             error = RuntimeError(f"Ray Train's controller did not return within {CONTROLLER_WAIT_S:.0f} s after "
                                  "every worker ended and was aborted; Ray's log has why")
@@ -206,7 +206,7 @@ class _Driver:
             self.settled = time.monotonic()
         return time.monotonic() - self.settled > CONTROLLER_WAIT_S
 
-    def _rank_error(self, error: BaseException | None) -> RankError | None:
+    def _failure(self, error: BaseException | None) -> RankError | None:
         """The workers' failures: those Ray Train's error names (else those the workers sent), each with
         the traceback the worker sent where it came (whole; Ray's text of it is cut beyond 1000 characters)."""
         failed = dict(getattr(_rank_error(error, self.world), "failed", None) or self.failures)

@@ -28,7 +28,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from jdist.common.stacks import IDLE, summary
+from jdist.common.stacks import IDLE, describe, summary
 from jdist.common.waiting import poll_until
 from jdist.errors import RankFailure
 from jdist.metrics import Run
@@ -196,8 +196,7 @@ class CellSupervisor:
             stacks = self.cluster.stacks(running)
         except Exception:  # no stacks: the grace goes on as it would have
             return
-        waiting = [r for r, frames in stacks.items()
-                   if summary(frames, spec.backward_waits, spec.collective_paths).startswith("waiting in ")]
+        waiting = [r for r, frames in stacks.items() if describe(frames, spec.backward_waits, spec.collective_paths)]
         if waiting:
             self.cluster.interrupt(waiting)
 
