@@ -182,3 +182,232 @@ def test_the_heartbeat_program_ends_the_job_once_the_kernel_is_gone():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def pod(phase="Pending", conditions=(), containers=(), **status):
+    return {"metadata": {"name": "jdist-c1-worker-0"},
+            "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers), **status}}
+
+
+def waiting(reason, message=""):
+    return {"name": "rank", "state": {"waiting": {"reason": reason, "message": message}}}
+
+
+def terminated(reason, code, message=""):
+    return {"name": "rank", "state": {"terminated": {"reason": reason, "exitCode": code, "message": message}}}
+
+
+READY = {"type": "Ready", "status": "True"}
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}
+
+
+@pytest.mark.parametrize("state, ready, waits, fails", [
+    (pod(), False, "starting", None),
+    (pod(conditions=[UNSCHEDULABLE]), False,
+     "not scheduled: Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.", None),
+    (pod(containers=[waiting("ContainerCreating")]), False, "ContainerCreating", None),
+    (pod("Running", [READY]), True, None, None),
+    (pod("Running", [{"type": "Ready", "status": "False"}]), False, "sshd not ready yet", None),
+    (pod(containers=[waiting("ErrImagePull", 'failed to pull "jdist:2": not found')]), False, None,
+     'pod jdist-c1-worker-0 cannot pull its image: ErrImagePull: failed to pull "jdist:2": not found'),
+    (pod(containers=[waiting("CreateContainerConfigError", 'secret "x" not found')]), False, None,
+     'pod jdist-c1-worker-0 cannot start its container: CreateContainerConfigError: secret "x" not found'),
+    (pod("Failed", containers=[terminated("OOMKilled", 137)]), False, None,
+     "pod jdist-c1-worker-0 ended: container rank was OOMKilled (over its memory limit; give the pods more with "
+     "--pod-memory)"),
+    (pod("Failed", containers=[terminated("Error", 255)]), False, None,
+     "pod jdist-c1-worker-0 ended: container rank exited with code 255 (Error)"),
+    (pod("Failed", reason="Evicted", message="The node was low on resource: memory."), False, None,
+     "pod jdist-c1-worker-0 was evicted: The node was low on resource: memory."),
+    (pod("Running", [READY, {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
+     False, None, "pod jdist-c1-worker-0 is being ended by the cluster: preempted by a pod of higher priority"),
+    (pod("Unknown"), False, None,
+     "pod jdist-c1-worker-0: its node stopped reporting (node lost or unreachable)"),
+])
+def test_a_pods_state_is_one_line(state, ready, waits, fails):
+    from jdist.kernel.launch.k8s.pods import pod_state
+
+    s = pod_state(state)
+    assert (s.ready, s.waiting, s.failed) == (ready, waits, fails)
+
+
+# -- the launcher against a fake API server (tests/k8sapi.py: no Kubernetes API server can run here) -------
+
+from k8sapi import FakeKubernetes  # noqa: E402
+
+from jdist.errors import ClusterError  # noqa: E402
+from jdist.kernel.launch.k8s import client as k8s_client  # noqa: E402
+from jdist.kernel.launch.k8s.launcher import KubernetesLauncher  # noqa: E402
+from jdist.plugins import option_table  # noqa: E402
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(k8s_client, "POLL_S", 0.1)  # the pods' states, polled quicker than against a real API
+    with FakeKubernetes() as api:
+        yield api
+
+
+def launcher(fake, tmp_path, **options) -> tuple[KubernetesLauncher, list[str]]:
+    values = dict(n=4, launcher="k8s", k8s="", image="registry.example/jdist:1", namespace="ml", nodes=2,
+                  start_timeout=20.0, ip="127.0.0.1") | options
+    config = option_table().config(values)
+    option_table().check(config)
+    out = KubernetesLauncher(config, tmp_path, api_client=fake.api_client())
+    lines: list[str] = []
+    out.say = lines.append
+    return out, lines
+
+
+def pods_become(fake, job_of, after, change):
+    """In a thread: once the job exists, wait ``after`` s, then ``change(fake, ns, pod)`` each worker pod."""
+    import threading
+
+    def run():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            jobs = fake.list("mpijobs", "ml")
+            if jobs:
+                time.sleep(after)
+                for p in fake.list("pods", "ml"):
+                    if "-worker-" in p["metadata"]["name"]:
+                        change(fake, "ml", p["metadata"]["name"])
+                job_of.append(jobs[0])
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_the_launcher_creates_the_job_waits_for_its_pods_and_deletes_it_on_stop(fake, tmp_path):
+    k8s, lines = launcher(fake, tmp_path)
+    created = []
+    t = pods_become(fake, created, 0.5, lambda f, ns, name: f.ready(name, ns))
+    try:
+        k8s.probe()
+        t.join()
+        job = fake.get("mpijobs", "ml", k8s.spec.name)
+        check_mpijob({k: v for k, v in job.items() if k != "status"} | {"metadata": {
+            k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}})
+        assert job["spec"]["slotsPerWorker"] == 2 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+        assert lines[0].startswith(f"Creating job {k8s.spec.name} in namespace ml: 2 pod(s) of 2 rank(s)")
+        assert any("0/2 pods ready; " in line and "starting" in line for line in lines), lines
+        # hydra starts the ranks over ssh with the job's key, in the pods the operator named
+        assert k8s.mpi_cmd()[-1] == (f"{k8s.spec.name}-worker-0.{k8s.spec.name}.ml.svc:2,"
+                                     f"{k8s.spec.name}-worker-1.{k8s.spec.name}.ml.svc:2")
+        key = tmp_path / "ssh" / "id"
+        assert key.read_bytes() == f"fake private key of {k8s.spec.name}\n".encode()
+        assert oct(key.stat().st_mode & 0o777) == "0o600" and oct((tmp_path / "ssh").stat().st_mode & 0o777) == "0o700"
+        # the heartbeat pod's command names the kernel's listener, which answers while the cluster runs
+        command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+        assert command[3] == k8s.listener.address and heartbeat.reachable(command[3], 2.0)
+    finally:
+        address = k8s.listener.address if k8s.listener else None
+        k8s.stop()
+    assert fake.list("mpijobs", "ml") == [] and fake.list("pods", "ml") == [] and fake.list("secrets", "ml") == []
+    assert address is not None and not heartbeat.reachable(address, 1.0)
+
+
+def test_a_pod_that_cannot_pull_its_image_is_one_error_with_its_output(fake, tmp_path):
+    k8s, lines = launcher(fake, tmp_path, image="registry.example/jdist:nope")
+
+    def cannot_pull(f, ns, name):
+        f.logs[(ns, name)] = "first line\nlast line\n"
+        f.set_status(name, ns, phase="Pending", containerStatuses=[{
+            "name": "rank", "image": "registry.example/jdist:nope", "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example/jdist:nope"'}}}])
+
+    pods_become(fake, [], 0.2, cannot_pull)
+    try:
+        with pytest.raises(ClusterError) as err:
+            k8s.probe()
+    finally:
+        k8s.stop()
+    assert err.value.lines[0] == (f'pod {k8s.spec.name}-worker-0 cannot pull its image: ImagePullBackOff: Back-off '
+                                  'pulling image "registry.example/jdist:nope"')
+    assert err.value.lines[-2:] == ["first line", "last line"]
+    assert fake.list("mpijobs", "ml") == []
+
+
+def test_pods_that_are_never_scheduled_give_one_line_at_the_start_timeout(fake, tmp_path):
+    k8s, lines = launcher(fake, tmp_path, start_timeout=2.0)
+    reason = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+              "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+    pods_become(fake, [], 0.1, lambda f, ns, name: f.set_status(name, ns, phase="Pending", conditions=[reason]))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ClusterError) as err:
+            k8s.probe()
+    finally:
+        k8s.stop()
+    assert time.monotonic() - t0 < 6
+    assert err.value.lines[0].startswith("The job's pods were not ready within 2 s:  0/2 pods ready; ")
+    assert "not scheduled: Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu." in err.value.lines[0]
+    assert "--start-timeout" in err.value.lines[1]
+    assert fake.list("mpijobs", "ml") == []
+
+
+@pytest.mark.parametrize("setup, says", [
+    (lambda f: f.missing.add("mpijobs"), "Kubernetes has no MPIJob kind (kubeflow.org/v2beta1): --k8s runs the ranks "
+                                         "through the MPI Operator, which must be installed"),
+    (lambda f: f.forbidden.add("create mpijobs"), "Kubernetes refused to create mpijobs in namespace ml (403 Forbidden): "
+                                                  "the kernel's service account needs the Role in docs/kubernetes.md"),
+])
+def test_what_the_api_refuses_is_one_line_with_the_fix(fake, tmp_path, setup, says):
+    setup(fake)
+    k8s, _ = launcher(fake, tmp_path)
+    try:
+        with pytest.raises(ClusterError) as err:
+            k8s.probe()
+    finally:
+        k8s.stop()
+    assert err.value.lines[0].startswith(says) and len(err.value.lines) == 1
+
+
+def test_the_reapers_command_deletes_the_job(fake, tmp_path):
+    """What runs when the kernel was killed: the launcher's cleanup command, as a process, with a kubeconfig."""
+    k8s, _ = launcher(fake, tmp_path)
+    pods_become(fake, [], 0.1, lambda f, ns, name: f.ready(name, ns))
+    try:
+        k8s.probe()
+        fake.kubeconfig(tmp_path / "kubeconfig", namespace="ml")
+        [command] = k8s.cleanup_commands()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig")})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"jdist: job {k8s.spec.name} in namespace ml deleted."
+        assert fake.list("mpijobs", "ml") == [] and fake.list("pods", "ml") == []
+    finally:
+        k8s.stop()  # the job is gone already: nothing to delete, no error
+
+
+def test_an_api_reached_over_loopback_asks_for_the_address_the_pods_reach(fake, tmp_path):
+    k8s, _ = launcher(fake, tmp_path, ip=None)
+    try:
+        with pytest.raises(ClusterError, match=r"This kernel reaches the Kubernetes API over loopback \(127.0.0.1: "
+                                               r"kubectl proxy\?\).*give --ip ADDR \(or --iface NAME\)"):
+            k8s.probe()
+    finally:
+        k8s.stop()
+    assert fake.list("mpijobs", "ml") == []  # nothing was created
+
+
+def test_a_kernel_in_a_pod_makes_its_pod_the_jobs_owner(fake, tmp_path, monkeypatch):
+    """In a pod (service account token, KUBERNETES_SERVICE_HOST; faked here), the job is owned by the kernel's
+    pod, found by its hostname: deleting the notebook deletes the job."""
+    fake.put("pods", {"metadata": {"name": "jupyter-ada", "namespace": "ml", "uid": "u-ada"}, "status": {}})
+    monkeypatch.setattr(k8s_client, "in_cluster", lambda: True)
+    monkeypatch.setenv("HOSTNAME", "jupyter-ada")
+    k8s, _ = launcher(fake, tmp_path)
+    pods_become(fake, [], 0.1, lambda f, ns, name: f.ready(name, ns))
+    try:
+        k8s.probe()
+        job = fake.get("mpijobs", "ml", k8s.spec.name)
+        assert job["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "jupyter-ada",
+                                                       "uid": "u-ada", "blockOwnerDeletion": False}]
+    finally:
+        k8s.stop()

@@ -49,7 +49,8 @@ def bed():
 class NodeKernel(KernelSession):
     """A Jupyter kernel started on a node of the bed (nsenter), reached over ipc sockets."""
 
-    def __init__(self, bed: Any, node: str, name: str, prefix: tuple[str, ...] = ()):
+    def __init__(self, bed: Any, node: str, name: str, prefix: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None):
         from jupyter_client.manager import KernelManager
 
         self.bed = bed
@@ -60,6 +61,7 @@ class NodeKernel(KernelSession):
         env.update(IPYTHONDIR=str(base / "ipython"), JDIST_RUN_DIR=str(base / "runs"),
                    JUPYTER_RUNTIME_DIR=str(base / "runtime"), PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(ROOT / "tests"))
+        env.update(extra_env or {})
 
         class OnNode(KernelManager):
             def format_kernel_cmd(self, extra_arguments: Any = None) -> list[str]:
@@ -564,3 +566,73 @@ def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
     wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
              what="no engine left on either node")
     assert not on_node(bed, "node1", "squeue -h").strip()
+
+
+def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothing(bed):
+    """``--k8s``: the Kubernetes API is a fake (tests/k8sapi.py; no API server can run here), served inside
+    node1 where the kernel runs, as a notebook pod reaches its cluster's API; the MPI Operator and the
+    kubelet are emulated on the bed (PodEmulator): pod i on node i+1, its sshd the node's, its DNS name
+    in the nodes' /etc/hosts. Everything else is real: the job, the ssh key from its Secret, hydra over
+    ssh, the connection file copied over ssh, gloo across the nodes, a lost pod, the reaper."""
+    from k8sapi import FakeKubernetes, PodEmulator
+
+    fake = FakeKubernetes(netns_pid=bed.pid1("node1"))
+    pods = PodEmulator(fake, bed)
+    line = (f"%%distributed --k8s -N 2 -n 2 --image registry.example/jdist:test --namespace ml "
+            f"--pod-python {sys.executable} --ip {bed.nodes['node1']} --timeout 30")
+    with fake:
+        fake.kubeconfig(STATE / "kubeconfig", namespace="ml")
+        k = NodeKernel(bed, "node1", "k8s", extra_env={"KUBECONFIG": str(STATE / "kubeconfig")})
+        try:
+            k.run("%load_ext jdist")
+            out = k.run(f"{line}\nimport os\n{TRAIN}", timeout=240)
+            [job] = fake.list("mpijobs", "ml")
+            name = job["metadata"]["name"]
+            assert f"Creating job {name} in namespace ml: 2 pod(s) of 1 rank(s)" in out.stdout, out.stdout
+            assert f"in 2 pod(s) of job {name} (namespace ml)" in out.stdout, out.stdout
+            where = check_training(k, 2)
+            assert [(r, h) for r, h, *_ in where] == [(0, "node1"), (1, "node2")]
+            # the state stays between cells; the job is the one created
+            k.run("%%distributed\nagain = float(sum(p.detach().sum() for p in model.parameters()))")
+            k.run("%dist pull again")
+            assert k.value("again") == k.value("weights")
+
+            # a pod lost mid-cell (OOMKilled): one rank death that names the pod and why
+            msg = k.start("%%distributed\nimport time\nprint('training', flush=True)\nfor i in range(600):\n"
+                          "    time.sleep(0.1)\n    jdist.log(step=i)")
+            k.wait_for_stdout(msg, "training", timeout=30)
+            pods.kill_pod(f"{name}-worker-1", "ml", phase="Failed", containerStatuses=[{
+                "name": "rank", "image": "registry.example/jdist:test", "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+            text = strip_ansi((lambda o: o.stdout + o.stderr + o.traceback)(k.collect(msg, timeout=60)))
+            assert f"rank 1 died: pod {name}-worker-1 ended: container rank was OOMKilled" in text, text
+            print(f"\n--k8s, a pod lost mid-cell:\n{text}")
+            k.run("%dist stop", allow_error=True)
+            wait_for(lambda: not fake.list("mpijobs", "ml"), timeout=10, what="the job deleted by %dist stop")
+            wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
+                     what="no engine left")
+
+            # the kernel SIGKILLed: its reaper deletes the job (the heartbeat pod would, a minute later)
+            k.run(f"{line}\nx = 1", timeout=240)
+            assert len(fake.list("mpijobs", "ml")) == 1
+            os.kill(k.pid(), signal.SIGKILL)
+            wait_for(lambda: not fake.list("mpijobs", "ml"), timeout=20, what="the job deleted after the kernel's SIGKILL")
+            wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
+                     what="no engine left")
+
+            # jdist run takes the same options (the front ends share the launcher's)
+            base = STATE / "cli" / "k8s"
+            base.mkdir(parents=True, exist_ok=True)
+            (base / "train.py").write_text(CLI_SCRIPT)
+            env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), KUBECONFIG=str(STATE / "kubeconfig"))
+            cmd = [sys.executable, "-m", "jdist", "run", *line.split()[1:], "--no-live", "train.py"]
+            ok = bed.run("node1", cmd, timeout=240, env=env, cwd=base)
+            assert ok.returncode == 0, ok.stderr
+            assert "rank 0 done on node1" in ok.stdout and "Creating job jdist-" in ok.stderr + ok.stdout
+            from jdist.metrics import list_runs, read_run
+
+            assert read_run(list_runs(base / "runs")[0]).hosts == {0: "node1", 1: "node2"}
+            assert not fake.list("mpijobs", "ml")
+        finally:
+            k.kc.stop_channels()
+            k.km.cleanup_resources()

@@ -41,13 +41,17 @@ def test_every_option_has_a_flag_help_and_scope_and_jdists_own_are_config_fields
     restart = {o.name for o in TABLE.cluster if o.scope is Scope.RESTART}
     assert restart == {"n", "gpus", "backend", "launcher", "encrypt", "timeout", "port",  # jdist's own
                        "hosts", "hostfile", "ip", "iface", "slurm", "nodes",  # the ssh and slurm launchers'
+                       "k8s", "namespace", "image", "pod_python", "pod_cpu", "pod_memory", "node_selector",
+                       "tolerations", "pull_secret", "ssh_user", "ssh_port",  # the k8s launcher's
                        "framework"}  # the tf backend's
     assert {o.name for o in TABLE.cell} == {o.name for o in CELL_OPTIONS} | {"tensorboard", "mlflow"}
     # each plugin option has its owner: the launchers own theirs, the tracker sinks theirs
     owners = {name: sorted(f"{o.kind}:{o.name}" for o in owned) for name, owned in TABLE.owned.items()}
+    k8s = {name: ["launcher:k8s"] for name in ("k8s", "namespace", "image", "pod_python", "pod_cpu", "pod_memory",
+                                                "node_selector", "tolerations", "pull_secret", "ssh_user", "ssh_port")}
     assert owners == {"hosts": ["launcher:ssh"], "hostfile": ["launcher:ssh"], "slurm": ["launcher:slurm"],
-                      "nodes": ["launcher:slurm"], "ip": ["launcher:slurm", "launcher:ssh"],
-                      "iface": ["launcher:slurm", "launcher:ssh"], "tensorboard": ["sink:tensorboard"],
+                      "nodes": ["launcher:k8s", "launcher:slurm"], "ip": ["launcher:k8s", "launcher:slurm", "launcher:ssh"],
+                      "iface": ["launcher:k8s", "launcher:slurm", "launcher:ssh"], **k8s, "tensorboard": ["sink:tensorboard"],
                       "mlflow": ["sink:mlflow"], "zero": ["backend:deepspeed"], "offload": ["backend:deepspeed"],
                       "framework": ["backend:tf"]}
 
@@ -166,10 +170,16 @@ def test_a_hostfile_gives_hosts_and_counts(tmp_path):
     (dict(n=4, hosts="a:1,b:1", launcher="ssh"), "has room for 2 rank(s), but -n 4 asks for 4"),
     (dict(n=2, hosts="a:1,b:1"), "--hosts starts the ranks with --launcher ssh; drop --launcher local-mpi"),
     (dict(n=2, launcher="ssh"), "--launcher ssh needs the hosts"),
-    (dict(n=2, nodes=2), "-N/--nodes is an option of --launcher slurm, not of --launcher local-mpi: give --slurm"),
+    (dict(n=2, nodes=2), "-N/--nodes is an option of --launcher k8s, slurm, not of --launcher local-mpi: give --k8s "
+                         "or --slurm"),
     (dict(n=2, slurm="", launcher="slurm", nodes=3), "-N 3: give 1 to 2 nodes for -n 2"),
-    (dict(n=2, ip="10.0.0.1"), "--ip is an option of --launcher slurm, ssh, not of --launcher local-mpi: "
-                               "give --hostfile or --hosts or --slurm"),
+    (dict(n=2, ip="10.0.0.1"), "--ip is an option of --launcher k8s, slurm, ssh, not of --launcher local-mpi: "
+                               "give --hostfile or --hosts or --k8s or --slurm"),
+    (dict(n=2, k8s="", launcher="k8s"), "--k8s needs the ranks' image: give --image IMAGE"),
+    (dict(n=6, k8s="", image="i", nodes=4, launcher="k8s"), "-n 6 on -N 4 pods: give a rank count that -N divides (e.g. -n 4 -N 4)"),
+    (dict(n=2, k8s="", image="i", namespace="ML", launcher="k8s"), "--namespace 'ML' is not a valid Kubernetes name"),
+    (dict(n=2, k8s="", image="i", tolerations="a:Never", launcher="k8s"), "--tolerations: 'a:Never' has effect 'Never'"),
+    (dict(n=2, image="i"), "--image is an option of --launcher k8s, not of --launcher local-mpi: give --k8s"),
     (dict(n=2, hosts="a:2", launcher="ssh", ip="gpu1"), "--ip 'gpu1' is not an IP address"),
     (dict(n=2, hosts="a:x", launcher="ssh"), "'a:x' is not host or host:N"),
 ])

@@ -21,7 +21,7 @@ def test_builtin_backends_and_launchers_come_from_entry_points():
     assert available_backends() == ["ddp", "deepspeed", "fsdp", "horovod", "tf"]
     for name in available_backends():
         assert backend_spec(name).load().name == name  # the class the ranks import
-    assert available_launchers() == ["local-mpi", "slurm", "ssh"]
+    assert available_launchers() == ["k8s", "local-mpi", "slurm", "ssh"]
     assert launcher_class("local-mpi").name == "local-mpi"
     with pytest.raises(ValueError, match=r"Unknown backend 'nope'.*--backend.*ddp, deepspeed, fsdp, horovod"):
         backend_spec("nope")

@@ -41,6 +41,7 @@ PROMISES: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed", "jdist.rank.backends.deepspeed"),
     "tracking": ("tensorboard", "mlflow", "sqlalchemy", "alembic", "jdist.metrics.export"),
     "tune": ("optuna", "jdist.kernel.tune"),
+    "k8s": ("kubernetes", "jdist.kernel.launch.k8s.client", "jdist.kernel.launch.k8s.launcher"),
     "ray": ("ray.train", "ray.train.torch", "jdist.ray"),
     "tf": ("tensorflow", "jdist.rank.backends.tf"),
     "lab": ("jupyterlab",),

@@ -112,6 +112,7 @@ class ClusterSession:
         self.work_dir = Path(tempfile.mkdtemp(prefix="jdist-"))  # mode 0700
         ipcontroller.write_owner(self.work_dir / OWNER_FILE, os.getpid())  # the controller watches it
         launcher = self.launcher = launcher_class(self.config.launcher)(self.config, self.work_dir)
+        launcher.say = say
         try:
             launcher.probe()
             cluster = ipp.Cluster(

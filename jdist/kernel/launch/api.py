@@ -25,7 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from jdist.common.procs import popen_alive
 from jdist.common.stacks import Frame, Sample
@@ -69,6 +69,8 @@ class RankLauncher(ABC):
         self.config = config
         self.work_dir = work_dir  # private to the cluster (0700)
         self.ipp: Any = None  # the ipyparallel.Cluster, after attach()
+        #: Progress lines while the ranks start (the cluster sets it before :meth:`probe`), e.g. a job's pods.
+        self.say: Callable[[str], None] = lambda line: None
 
     # -- options --------------------------------------------------------------------------------
     @classmethod

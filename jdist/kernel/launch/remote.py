@@ -94,8 +94,8 @@ HOSTFILE = Option("hostfile", ("--hostfile",), "Like --hosts, from a file: one h
 SLURM = Option("slurm", ("--slurm",), "Run the ranks as a Slurm job step (srun --mpi=pmi2): inside an allocation "
                "as it is; outside one, give srun's own options in quotes, e.g. --slurm \"-p gpu -A proj -t 60\".",
                Scope.RESTART, type=str, metavar="\"SRUN OPTIONS\"", const="", implies=True)
-NODES = Option("nodes", ("-N", "--nodes"), "With --slurm: the number of nodes (srun -N).", Scope.RESTART, type=int,
-               metavar="NODES")
+NODES = Option("nodes", ("-N", "--nodes"), "With --slurm: the number of nodes (srun -N); with --k8s: of pods, each "
+               "with an equal share of the ranks.", Scope.RESTART, type=int, metavar="NODES")
 
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
@@ -216,6 +216,10 @@ class RemoteMPILauncher(RankLauncher):
     def engine_launcher_class(self) -> type:
         return engine_set_launcher()
 
+    def python(self) -> str:
+        """The Python that runs the ranks on their hosts: this one, at the same path."""
+        return sys.executable
+
     def configure(self, ipp_config: Any) -> None:
         # engines read the connection file (0600, a shared home): the HMAC key never travels in an
         # environment that hydra or srun copy to the other hosts in clear text
@@ -224,7 +228,7 @@ class RemoteMPILauncher(RankLauncher):
         ipp_config.MPILauncher.mpi_args = []
         ipp_config.MPILauncher.environment = {"MPI4PY_RC_FINALIZE": "false"}
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
-            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable,
+            "/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", self.python(),
             *engine_argv(backend_spec(self.config.backend).preimport),
         ]
         ipp_config.MPIEngineSetLauncher.engine_args = [

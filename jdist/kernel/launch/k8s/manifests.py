@@ -44,6 +44,8 @@ MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijob
 #: Labels on everything jdist creates (``kubectl get mpijobs -l app.kubernetes.io/managed-by=jdist``).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "jdist"}
 CLUSTER_LABEL = "jdist.dev/cluster"
+#: On the pods: ``worker`` (ranks) or ``heartbeat`` (the launcher pod).
+ROLE_LABEL = "jdist.dev/role"
 #: The container names (the operator uses each pod's first container).
 WORKER_CONTAINER, LAUNCHER_CONTAINER = "rank", "heartbeat"
 #: The heartbeat pod's resources: a Python process that sleeps between TCP connects.
@@ -258,7 +260,8 @@ def _worker(spec: JobSpec) -> dict[str, Any]:
         shm["sizeLimit"] = str(spec.memory)
     pod = {"containers": [container], "volumes": [{"name": "dshm", "emptyDir": shm}], **_placement(spec, True)}
     return {"replicas": spec.pods, "restartPolicy": "Never",
-            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name}}, "spec": pod}}
+            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: "worker"}},
+                         "spec": pod}}
 
 
 def _launcher(spec: JobSpec) -> dict[str, Any]:
@@ -268,7 +271,8 @@ def _launcher(spec: JobSpec) -> dict[str, Any]:
                  "resources": {k: dict(v) for k, v in HEARTBEAT_RESOURCES.items()}}
     pod = {"containers": [container], **_placement(spec, False)}
     return {"replicas": 1, "restartPolicy": "Never",
-            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name}}, "spec": pod}}
+            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: "heartbeat"}},
+                         "spec": pod}}
 
 
 def mpijob(spec: JobSpec) -> dict[str, Any]:
@@ -321,5 +325,5 @@ def role_binding(namespace: str, service_account: str, name: str = "jdist") -> d
     }
 
 
-__all__ = ["CLUSTER_LABEL", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "JobSpec", "Owner", "check_name",
+__all__ = ["CLUSTER_LABEL", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "ROLE_LABEL", "JobSpec", "Owner", "check_name",
            "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role", "role_binding", "worker_hosts"]

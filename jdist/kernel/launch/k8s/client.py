@@ -1,0 +1,250 @@
+"""The calls jdist makes to the Kubernetes API, on the official ``kubernetes`` client (``jdist[k8s]``).
+
+:class:`Jobs` creates a job (:func:`jdist.kernel.launch.k8s.manifests.mpijob`), waits until its
+worker pods are ready (:meth:`Jobs.wait_ready`: one progress line per change, one error line for a pod
+that cannot run, with its last log lines), reads the operator's ssh key of the job, and deletes the
+job. The API's refusals become one line that names the fix: the MPI Operator not installed (404 on
+the kind), the service account without the rights of :func:`~.manifests.role` (403).
+
+Configuration: inside a pod (``KUBERNETES_SERVICE_HOST`` and a service-account token), the pod's own
+service account and namespace; elsewhere the kubeconfig's ``context`` (None: its current one).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from jdist.errors import ClusterError
+
+from .manifests import CLUSTER_LABEL, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, ROLE_LABEL, Owner
+from .pods import PodState, pod_state, summary
+
+#: Where a pod finds its service account (in-cluster configuration).
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: How often :meth:`Jobs.wait_ready` looks at the pods, and how many log lines a failed pod's error shows.
+POLL_S = 1.0
+LOG_LINES = 20
+#: One API call's timeout (seconds): connect, read.
+REQUEST_TIMEOUT = (10, 30)
+
+
+def in_cluster() -> bool:
+    """Whether this process runs in a pod with a service account (so the in-cluster configuration applies)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (SERVICE_ACCOUNT / "token").exists()
+
+
+class Jobs:
+    """One namespace's jdist jobs (see the module doc). ``api_client``: a configured
+    ``kubernetes.client.ApiClient`` (tests point one at a mock API server); None: in-cluster or kubeconfig."""
+
+    def __init__(self, namespace: str | None = None, context: str | None = None, api_client: Any = None) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise ClusterError("--k8s needs the Kubernetes client in the kernel's environment: "
+                               "pip install 'jdist[k8s]'.") from None
+        if api_client is None:
+            try:
+                if context is None and in_cluster():
+                    config.load_incluster_config()
+                    api_client = client.ApiClient()
+                else:
+                    api_client = config.new_client_from_config(context=context or None)
+            except config.ConfigException as exc:
+                raise ClusterError(f"--k8s: no Kubernetes configuration ({exc}); run the kernel in a pod with a "
+                                   "service account, or give a kubeconfig (KUBECONFIG, ~/.kube/config).") from None
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.namespace = namespace or default_namespace(context)
+
+    # -- errors -----------------------------------------------------------------------------
+    def _refused(self, exc: Any, doing: str) -> ClusterError:
+        status = getattr(exc, "status", None)
+        body = getattr(exc, "body", None) or getattr(exc, "reason", "") or str(exc)
+        if status == 403:
+            return ClusterError(f"Kubernetes refused to {doing} in namespace {self.namespace} (403 Forbidden): the "
+                                "kernel's service account needs the Role in docs/kubernetes.md "
+                                "(jdist.kernel.launch.k8s.manifests.role).")
+        if status == 404 and "mpijobs" in doing:
+            return ClusterError(f"Kubernetes has no MPIJob kind ({MPIJOB_GROUP}/{MPIJOB_VERSION}): --k8s runs the ranks "
+                                "through the MPI Operator, which must be installed in the cluster "
+                                "(docs/kubernetes.md).")
+        return ClusterError(f"Kubernetes could not {doing} in namespace {self.namespace}: {status} {_message(body)}")
+
+    def _call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+        except ApiException as exc:
+            raise self._refused(exc, doing) from None
+        except OSError as exc:  # urllib3's connection errors are OSErrors
+            raise ClusterError(f"The Kubernetes API at {self.api.configuration.host} did not answer "
+                               f"({type(exc).__name__}: {exc}) while trying to {doing}.") from None
+
+    # -- the job ----------------------------------------------------------------------------
+    def own_pod(self) -> Owner | None:
+        """The pod this kernel runs in (in-cluster, in this namespace), for the job's ownerReference."""
+        name = os.environ.get("HOSTNAME")
+        if not name or not in_cluster():
+            return None
+        pod = self._call("read this kernel's own pod", self.core.read_namespaced_pod, name, self.namespace)
+        return Owner(name=pod.metadata.name, uid=pod.metadata.uid, namespace=self.namespace)
+
+    def create(self, job: dict[str, Any]) -> None:
+        """Create ``job`` (an MPIJob)."""
+        self._call("create mpijobs", self.custom.create_namespaced_custom_object, MPIJOB_GROUP, MPIJOB_VERSION,
+                   self.namespace, MPIJOB_PLURAL, job)
+
+    def delete(self, name: str) -> bool:
+        """Delete the job ``name`` and, through it, its pods (background propagation); False if it was gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object(MPIJOB_GROUP, MPIJOB_VERSION, self.namespace, MPIJOB_PLURAL,
+                                                        name, propagation_policy="Background",
+                                                        _request_timeout=REQUEST_TIMEOUT)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise self._refused(exc, f"delete mpijobs {name}") from None
+
+    def exists(self, name: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.get_namespaced_custom_object(MPIJOB_GROUP, MPIJOB_VERSION, self.namespace, MPIJOB_PLURAL, name,
+                                                     _request_timeout=REQUEST_TIMEOUT)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise self._refused(exc, f"get mpijobs {name}") from None
+
+    # -- its pods ---------------------------------------------------------------------------
+    def workers(self, name: str) -> list[dict[str, Any]]:
+        """The job's worker pods (JSON field names), by index."""
+        import json
+
+        raw = self._call("list pods", self.core.list_namespaced_pod, self.namespace,
+                         label_selector=f"{CLUSTER_LABEL}={name},{ROLE_LABEL}=worker", _preload_content=False)
+        pods = json.loads(raw.data).get("items") or []  # as the API says it (the client's models are stricter)
+        return sorted(pods, key=lambda p: _index(p["metadata"]["name"]))
+
+    def states(self, name: str) -> list[PodState]:
+        return [pod_state(p) for p in self.workers(name)]
+
+    def log_tail(self, pod: str, lines: int = LOG_LINES) -> str:
+        """The last ``lines`` lines a pod's container printed ("" if none can be read)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod_log(pod, self.namespace, tail_lines=lines,
+                                                     _request_timeout=REQUEST_TIMEOUT) or ""
+        except (ApiException, OSError):
+            return ""
+
+    def failure(self, state: PodState) -> ClusterError:
+        """The error for a pod that cannot run: its line, then its last log lines."""
+        tail = self.log_tail(state.name).strip()
+        return ClusterError(state.failed or f"pod {state.name} failed",
+                            *([f"Its last output (kubectl logs -n {self.namespace} {state.name}):", tail] if tail else []))
+
+    def wait_ready(self, name: str, pods: int, timeout: float,
+                   say: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
+        """Wait until the ``pods`` worker pods of job ``name`` are ready; they are returned. A pod that cannot
+        run raises its :meth:`failure` at once; at ``timeout`` the error says what they still wait for."""
+        t0 = time.monotonic()
+        said = ""
+        while True:
+            workers = self.workers(name)
+            states = [pod_state(p) for p in workers]
+            failed = next((s for s in states if s.failed), None)
+            if failed is not None:
+                raise self.failure(failed)
+            if len(states) >= pods and all(s.ready for s in states):
+                return workers
+            line = summary(states) if states else "waiting for the MPI Operator to create the pods"
+            line = f"  {line.replace(f'/{len(states)} pods', f'/{pods} pods')}"
+            if line != said:
+                say(f"{line} ({time.monotonic() - t0:.0f} s)")
+                said = line
+            if time.monotonic() - t0 >= timeout:
+                raise ClusterError(f"The job's pods were not ready within {timeout:g} s:{line}.",
+                                   "Give them longer with --start-timeout S (a large image's first pull takes "
+                                   f"minutes), or see kubectl describe pods -n {self.namespace} -l {CLUSTER_LABEL}={name}.")
+            time.sleep(POLL_S)
+
+    def ssh_key(self, name: str) -> bytes:
+        """The private key the MPI Operator made for the job (its Secret ``<job>-ssh``)."""
+        secret = self._call(f"read secrets {name}-ssh", self.core.read_namespaced_secret, f"{name}-ssh", self.namespace)
+        data = secret.data or {}
+        if "ssh-privatekey" not in data:
+            raise ClusterError(f"Secret {name}-ssh has no ssh-privatekey: is the MPI Operator v2 running?")
+        return base64.b64decode(data["ssh-privatekey"])
+
+
+def default_namespace(context: str | None = None) -> str:
+    """The namespace to use without ``--namespace``: the pod's own (in-cluster), else the kubeconfig
+    context's, else ``default``."""
+    if context is None and in_cluster():
+        try:
+            return (SERVICE_ACCOUNT / "namespace").read_text().strip() or "default"
+        except OSError:
+            return "default"
+    try:
+        from kubernetes import config
+
+        contexts, current = config.list_kube_config_contexts()
+        chosen = next((c for c in contexts if c["name"] == context), None) if context else current
+        return ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    except Exception:  # no kubeconfig: the client's own error comes when it is used
+        return "default"
+
+
+def _index(pod_name: str) -> int:
+    tail = pod_name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _message(body: Any) -> str:
+    """The ``message`` of an API error's Status body (JSON), else the body as it is, on one line."""
+    import json
+
+    try:
+        return str(json.loads(body).get("message") or body).replace("\n", " ")
+    except (TypeError, ValueError, AttributeError):
+        return str(body).replace("\n", " ")[:300]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jdist.kernel.launch.k8s.client delete NAMESPACE JOB [--context C]``: what the reaper runs
+    when the kernel died (:meth:`jdist.kernel.launch.k8s.launcher.KubernetesLauncher.cleanup_commands`)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m jdist.kernel.launch.k8s.client")
+    ap.add_argument("action", choices=["delete"])
+    ap.add_argument("namespace")
+    ap.add_argument("job")
+    ap.add_argument("--context", default=None)
+    args = ap.parse_args(argv)
+    try:
+        gone = not Jobs(args.namespace, args.context).delete(args.job)
+    except ClusterError as exc:
+        print(f"jdist: {exc}", file=sys.stderr)
+        return 1
+    print(f"jdist: job {args.job} in namespace {args.namespace} {'was already gone' if gone else 'deleted'}.")
+    return 0
+
+
+__all__ = ["Jobs", "default_namespace", "in_cluster", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

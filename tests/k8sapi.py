@@ -1,0 +1,280 @@
+"""A fake of the Kubernetes API for the tests, over real HTTP: no API server can run on these machines.
+
+It keeps objects by (resource, namespace, name) and serves the paths jdist's client calls (MPIJobs
+create/get/delete, pods list with equality label selectors, get, log, secrets get), with the API's
+status codes and ``Status`` bodies; the official ``kubernetes`` client talks to it as to a real server.
+It also stands in for the MPI Operator (:meth:`FakeKubernetes.operator`): a created MPIJob gets its
+worker pods (named and labelled as the operator names them, Pending) and its ssh Secret; the test
+then moves the pods' states (:meth:`FakeKubernetes.set_status`). Deleting a job deletes what it owns.
+
+Not checked here (a real API server's work): admission, RBAC (a test forbids paths itself),
+resourceVersion and watches (jdist's client polls).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import re
+import subprocess
+import threading
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlparse
+
+NAMESPACED = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/namespaces/(?P<ns>[^/]+)/"
+                        r"(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value.lstrip("="):
+            return False
+    return True
+
+
+class FakeKubernetes:
+    """The fake API (see the module doc); ``url`` once started (a context manager)."""
+
+    def __init__(self, netns_pid: int | None = None) -> None:
+        self.netns_pid = netns_pid  # serve inside the network namespace of this process (a node of the bed)
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.logs: dict[tuple[str, str], str] = {}
+        self.forbidden: set[str] = set()  # "verb resource" the caller's service account may not do (403)
+        self.missing: set[str] = set()  # resources whose kind is not installed (404), e.g. "mpijobs"
+        self.requests: list[tuple[str, str]] = []
+        self.on_create: Callable[[dict[str, Any]], None] | None = self.operator
+        self.on_delete: Callable[[dict[str, Any]], None] | None = None  # an MPIJob deleted (before its pods)
+        self.lock = threading.RLock()
+        self.server: ThreadingHTTPServer | None = None
+
+    # -- the test's side ---------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def api_client(self) -> Any:
+        from kubernetes import client
+
+        return client.ApiClient(client.Configuration(host=self.url))
+
+    def kubeconfig(self, path: Any, namespace: str = "default") -> None:
+        """A kubeconfig file whose current context is this server (for subprocesses)."""
+        import yaml
+
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+        }))
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.objects.get((resource, namespace, name))
+
+    def list(self, resource: str, namespace: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [o for (r, ns, _), o in self.objects.items() if r == resource and ns == namespace]
+
+    def put(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now())
+        with self.lock:
+            self.objects[(resource, meta["namespace"], meta["name"])] = obj
+        return obj
+
+    def set_status(self, pod: str, namespace: str, **status: Any) -> None:
+        """Replace a pod's status (what the kubelet reports)."""
+        with self.lock:
+            self.objects[("pods", namespace, pod)]["status"] = status
+
+    def ready(self, pod: str, namespace: str) -> None:
+        self.set_status(pod, namespace, phase="Running", conditions=[{"type": "Ready", "status": "True"}])
+
+    def operator(self, job: dict[str, Any]) -> None:
+        """What the MPI Operator does for a new MPIJob: its ssh Secret and its pods, Pending."""
+        meta, spec = job["metadata"], job["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        owner = [{"apiVersion": job["apiVersion"], "kind": "MPIJob", "name": name, "uid": meta["uid"], "controller": True}]
+        key = base64.b64encode(f"fake private key of {name}\n".encode()).decode()
+        self.put("secrets", {"metadata": {"name": f"{name}-ssh", "namespace": ns, "ownerReferences": owner},
+                             "type": "kubernetes.io/ssh-auth",
+                             "data": {"ssh-privatekey": key, "ssh-publickey": base64.b64encode(b"ssh-ed25519 x").decode()}})
+        for role, replica in spec["mpiReplicaSpecs"].items():
+            for i in range(replica.get("replicas", 1)):
+                pod_name = f"{name}-{role.lower()}" + (f"-{i}" if role == "Worker" else "")
+                template = json.loads(json.dumps(replica["template"]))
+                labels = {**template.get("metadata", {}).get("labels", {}),
+                          "training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": role.lower()}
+                self.put("pods", {"metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                                               "ownerReferences": owner},
+                                  "spec": {**template["spec"], "hostname": pod_name, "subdomain": name},
+                                  "status": {"phase": "Pending"}})
+
+    # -- the server ----------------------------------------------------------------------------
+    def __enter__(self) -> FakeKubernetes:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                fake._serve(self, "GET")
+
+            def do_POST(self) -> None:
+                fake._serve(self, "POST")
+
+            def do_DELETE(self) -> None:
+                fake._serve(self, "DELETE")
+
+        if self.netns_pid is None:
+            self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        else:  # bound in the node's namespace (by a thread that joined it); served from here
+            made: list[Any] = []
+
+            def bind() -> None:
+                fd = os.open(f"/proc/{self.netns_pid}/ns/net", os.O_RDONLY)
+                try:
+                    if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                        raise OSError(ctypes.get_errno(), "setns")
+                finally:
+                    os.close(fd)
+                made.append(ThreadingHTTPServer(("127.0.0.1", 0), Handler))
+
+            t = threading.Thread(target=bind)
+            t.start()
+            t.join()
+            self.server = made[0]
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="fake-kubernetes").start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self.server is not None
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _reply(self, h: BaseHTTPRequestHandler, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        h.send_response(code)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _status(self, h: BaseHTTPRequestHandler, code: int, reason: str, message: str) -> None:
+        self._reply(h, code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                              "message": message, "code": code})
+
+    def _serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlparse(h.path)
+        self.requests.append((method, url.path))
+        m = NAMESPACED.match(url.path)
+        if m is None:
+            return self._status(h, 404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        ns, resource, name, sub = m["ns"], m["resource"], m["name"], m["sub"]
+        verb = {"GET": "get" if name else "list", "POST": "create", "DELETE": "delete"}[method]
+        if resource in self.missing:
+            return self._status(h, 404, "NotFound", "the server could not find the requested resource")
+        if f"{verb} {resource}" in self.forbidden:
+            return self._status(h, 403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:{ns}:default" '
+                                                     f'cannot {verb} resource "{resource}" in namespace "{ns}"')
+        query = parse_qs(url.query)
+        with self.lock:
+            if method == "POST":
+                body = json.loads(h.rfile.read(int(h.headers.get("Content-Length") or 0)))
+                body.setdefault("metadata", {}).setdefault("namespace", ns)
+                if (resource, ns, body["metadata"]["name"]) in self.objects:
+                    return self._status(h, 409, "AlreadyExists", f'{resource} "{body["metadata"]["name"]}" already exists')
+                obj = self.put(resource, body)
+                if resource == "mpijobs" and self.on_create is not None:
+                    self.on_create(obj)
+                return self._reply(h, 201, obj)
+            if name is None:
+                items = [o for o in self.list(resource, ns)
+                         if _matches(o["metadata"].get("labels", {}), (query.get("labelSelector") or [""])[0])]
+                return self._reply(h, 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+            obj = self.objects.get((resource, ns, name))
+            if obj is None:
+                return self._status(h, 404, "NotFound", f'{resource} "{name}" not found')
+            if method == "DELETE":
+                self._delete(resource, ns, name)
+                return self._reply(h, 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+            if sub == "log":
+                lines = self.logs.get((ns, name), "").splitlines(keepends=True)
+                tail = int((query.get("tailLines") or ["0"])[0])
+                return self._reply(h, 200, "".join(lines[-tail:] if tail else lines), "text/plain")
+            return self._reply(h, 200, obj)
+
+    def _delete(self, resource: str, ns: str, name: str) -> None:
+        """Delete an object and (garbage collection) what it owns."""
+        obj = self.objects[(resource, ns, name)]
+        if resource == "mpijobs" and self.on_delete is not None:
+            self.on_delete(obj)
+        obj = self.objects.pop((resource, ns, name))
+        uid = obj["metadata"]["uid"]
+        for key, other in list(self.objects.items()):
+            if key in self.objects and any(ref.get("uid") == uid for ref in other["metadata"].get("ownerReferences", [])):
+                self._delete(*key)
+
+
+class PodEmulator:
+    """The MPI Operator and the kubelet on the two-node bed (tools/testbed.py), for end-to-end runs.
+
+    A created MPIJob's worker pod ``i`` "runs" on node ``nodes[i % 2]``: its DNS name is added to the
+    nodes' ``/etc/hosts``, the job's ssh Secret holds the bed's key (the bed's sshd lets it in, as a
+    pod's sshd lets the operator's key in), and the pod is Ready at once. Ending a pod (the job
+    deleted, or :meth:`kill_pod`) kills what runs in it: the processes hydra started there over ssh.
+    """
+
+    def __init__(self, fake: FakeKubernetes, bed: Any, nodes: tuple[str, ...] = ("node1", "node2")) -> None:
+        self.fake, self.bed, self.nodes = fake, bed, nodes
+        self.node_of: dict[str, str] = {}  # pod -> node
+        fake.on_create = self.created
+        fake.on_delete = self.deleted
+
+    def created(self, job: dict[str, Any]) -> None:
+        fake, meta = self.fake, job["metadata"]
+        fake.operator(job)
+        key = (self.bed.state / "ssh" / "id_ed25519").read_bytes()
+        fake.objects[("secrets", meta["namespace"], f"{meta['name']}-ssh")]["data"]["ssh-privatekey"] = \
+            base64.b64encode(key).decode()
+        for i in range(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]):
+            pod = f"{meta['name']}-worker-{i}"
+            node = self.nodes[i % len(self.nodes)]
+            self.node_of[pod] = node
+            line = f"{self.bed.nodes[node]} {pod}.{meta['name']}.{meta['namespace']}.svc\n"
+            for n in self.bed.nodes:
+                with open(self.bed.state / f"hosts-{n}", "a") as f:
+                    f.write(line)
+            fake.ready(pod, meta["namespace"])
+
+    def deleted(self, job: dict[str, Any]) -> None:
+        for pod in [p for p in self.node_of if p.startswith(job["metadata"]["name"] + "-worker-")]:
+            self.end_pod(pod)
+
+    def kill_pod(self, pod: str, namespace: str, **status: Any) -> None:
+        """The pod ends with ``status`` (as the kubelet reports it), and everything in it dies."""
+        self.fake.set_status(pod, namespace, **status)
+        self.end_pod(pod)
+
+    def end_pod(self, pod: str) -> None:
+        node = self.node_of.pop(pod, None)
+        if node is None:
+            return
+        script = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+                  "grep -qE '^([^ ]*hydra_pmi_proxy|/bin/sh -c .*jdist-rank|[^ ]*python[^ ]* -c .*ipyparallel.engine)' && "
+                  "kill -9 ${p#/proc/}; done; true")
+        subprocess.run(self.bed.command(node, ["sh", "-c", script]), capture_output=True, timeout=30)
