@@ -368,23 +368,6 @@ def test_what_the_api_refuses_is_one_line_with_the_fix(fake, tmp_path, setup, sa
     assert err.value.lines[0].startswith(says) and len(err.value.lines) == 1
 
 
-def test_the_reapers_command_deletes_the_job(fake, tmp_path):
-    """What runs when the kernel was killed: the launcher's cleanup command, as a process, with a kubeconfig."""
-    k8s, _ = launcher(fake, tmp_path)
-    pods_become(fake, [], 0.1, lambda f, ns, name: f.ready(name, ns))
-    try:
-        k8s.probe()
-        fake.kubeconfig(tmp_path / "kubeconfig", namespace="ml")
-        [command] = k8s.cleanup_commands()
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig")})
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == f"jdist: job {k8s.spec.name} in namespace ml deleted."
-        assert fake.list("mpijobs", "ml") == [] and fake.list("pods", "ml") == []
-    finally:
-        k8s.stop()  # the job is gone already: nothing to delete, no error
-
-
 def test_an_api_reached_over_loopback_asks_for_the_address_the_pods_reach(fake, tmp_path):
     k8s, _ = launcher(fake, tmp_path, ip=None)
     try:

@@ -529,20 +529,16 @@ print(f"rank {rank} done on {socket.gethostname()}", flush=True)
 """
 
 
-@pytest.mark.parametrize("launch,hosts", [
-    (("--hosts", "node1:1,node2:1"), {0: "node1", 1: "node2"}),
-    (("--slurm", "-N", "2", "-n", "4"), {0: "node1", 1: "node1", 2: "node2", 3: "node2"}),
-])
-def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
-    """jdist run with the same launchers as a cell: records from both hosts, nothing left on either node;
-    a failure on node2 named with its host (over ssh: which launcher started the ranks does not change
-    how a failure is reported, and each run here starts ranks on two nodes of 2 shared cores)."""
+def run_cli(bed: Any, name: str, launch: tuple[str, ...], hosts: dict[int, str], fail: bool,
+            env: dict[str, str] | None = None) -> None:
+    """jdist run with the same launcher options as a cell: records from both hosts, nothing left on either
+    node; with ``fail``, a failure on node2 named with its host."""
     import json
 
-    base = STATE / "cli" / launch[0].strip("-")
+    base = STATE / "cli" / name
     base.mkdir(parents=True, exist_ok=True)
     (base / "train.py").write_text(CLI_SCRIPT)
-    env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), JUPYTER_RUNTIME_DIR=str(base / "runtime"))
+    env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), JUPYTER_RUNTIME_DIR=str(base / "runtime"), **(env or {}))
     cmd = [sys.executable, "-m", "jdist", "run", *launch, "--timeout", "30", "--no-live", "train.py"]
     ok = bed.run("node1", cmd, timeout=240, env=env, cwd=base)
     assert ok.returncode == 0, ok.stderr
@@ -557,7 +553,7 @@ def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
     (table,) = [p for p in panels(run) if p["key"] == "hosts"]
     assert sorted(row[0] for row in table["rows"]) == ["node1", "node2"]
     assert sorted(row[1] for row in table["rows"]) == ["1", "1"] if len(hosts) == 2 else ["2", "2"]
-    if launch[0] == "--hosts":
+    if fail:
         failed = bed.run("node1", [*cmd, "--fail"], timeout=240, env=env, cwd=base)
         assert failed.returncode == 1, failed.stderr
         assert "ValueError: bad shard on node2" in failed.stderr
@@ -566,6 +562,13 @@ def test_jdist_run_from_a_login_node_across_two_nodes(bed, launch, hosts):
     wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
              what="no engine left on either node")
     assert not on_node(bed, "node1", "squeue -h").strip()
+
+
+def test_jdist_run_from_a_login_node_across_two_nodes(bed):
+    """jdist run --slurm (two ranks per node). jdist run over ssh (hydra, as --hosts starts ranks) with a
+    failure on node2 is the --k8s test's."""
+    run_cli(bed, "slurm", ("--slurm", "-N", "2", "-n", "4"), {0: "node1", 1: "node1", 2: "node2", 3: "node2"},
+            fail=False)
 
 
 def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothing(bed):
@@ -578,8 +581,9 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
 
     fake = FakeKubernetes(netns_pid=bed.pid1("node1"))
     pods = PodEmulator(fake, bed)
-    line = (f"%%distributed --k8s -N 2 -n 2 --image registry.example/jdist:test --namespace ml "
-            f"--pod-python {sys.executable} --ip {bed.nodes['node1']} --timeout 30")
+    options = (f"--k8s -N 2 -n 2 --image registry.example/jdist:test --namespace ml --pod-python {sys.executable} "
+               f"--ip {bed.nodes['node1']}")
+    line = f"%%distributed {options} --timeout 30"
     with fake:
         fake.kubeconfig(STATE / "kubeconfig", namespace="ml")
         k = NodeKernel(bed, "node1", "k8s", extra_env={"KUBECONFIG": str(STATE / "kubeconfig")})
@@ -620,18 +624,9 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
             wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
                      what="no engine left")
 
-            # jdist run takes the same options (the front ends share the launcher's)
-            base = STATE / "cli" / "k8s"
-            base.mkdir(parents=True, exist_ok=True)
-            (base / "train.py").write_text(CLI_SCRIPT)
-            env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), KUBECONFIG=str(STATE / "kubeconfig"))
-            cmd = [sys.executable, "-m", "jdist", "run", *line.split()[1:], "--no-live", "train.py"]
-            ok = bed.run("node1", cmd, timeout=240, env=env, cwd=base)
-            assert ok.returncode == 0, ok.stderr
-            assert "rank 0 done on node1" in ok.stdout and "Creating job jdist-" in ok.stderr + ok.stdout
-            from jdist.metrics import list_runs, read_run
-
-            assert read_run(list_runs(base / "runs")[0]).hosts == {0: "node1", 1: "node2"}
+            # jdist run takes the same options (the front ends share the launcher's); a failure names its host
+            run_cli(bed, "k8s", tuple(options.split()), {0: "node1", 1: "node2"}, fail=True,
+                    env={"KUBECONFIG": str(STATE / "kubeconfig")})
             assert not fake.list("mpijobs", "ml")
         finally:
             k.kc.stop_channels()
