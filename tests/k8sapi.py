@@ -7,8 +7,9 @@ It also stands in for the MPI Operator (:meth:`FakeKubernetes.operator`): a crea
 worker pods (named and labelled as the operator names them, Pending) and its ssh Secret; the test
 then moves the pods' states (:meth:`FakeKubernetes.set_status`). Deleting a job deletes what it owns.
 
-Not checked here (a real API server's work): admission, RBAC (a test forbids paths itself),
-resourceVersion and watches (jdist's client polls).
+Watches (``?watch=true``) stream the changes after a ``resourceVersion`` (one counter for everything),
+one JSON event per line, until ``timeoutSeconds``. Not checked here (a real API server's work):
+admission, RBAC (a test forbids paths itself), a watch's expiry (410 Gone), bookmarks.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ class FakeKubernetes:
         self.logs: dict[tuple[str, str], str] = {}
         self.forbidden: set[str] = set()  # "verb resource" the caller's service account may not do (403)
         self.missing: set[str] = set()  # resources whose kind is not installed (404), e.g. "mpijobs"
-        self.requests: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str]] = []  # (method, path with its query)
         self.on_create: Callable[[dict[str, Any]], None] | None = self.operator
         self.on_delete: Callable[[dict[str, Any]], None] | None = None  # an MPIJob deleted (before its pods)
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.version = 0  # the last resourceVersion given
+        self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # (version, resource, type, object)
         self.server: ThreadingHTTPServer | None = None
 
     # -- the test's side ---------------------------------------------------------------------
@@ -87,18 +91,30 @@ class FakeKubernetes:
         with self.lock:
             return [o for (r, ns, _), o in self.objects.items() if r == resource and ns == namespace]
 
+    def _changed(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        """Note a change (under the lock): a new resourceVersion, an event for the watches."""
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        self.events.append((self.version, resource, kind, json.loads(json.dumps(obj))))
+        self.changed.notify_all()
+
     def put(self, resource: str, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
         with self.lock:
-            self.objects[(resource, meta["namespace"], meta["name"])] = obj
+            key = (resource, meta["namespace"], meta["name"])
+            kind = "MODIFIED" if key in self.objects else "ADDED"
+            self.objects[key] = obj
+            self._changed(resource, kind, obj)
         return obj
 
     def set_status(self, pod: str, namespace: str, **status: Any) -> None:
         """Replace a pod's status (what the kubelet reports)."""
         with self.lock:
-            self.objects[("pods", namespace, pod)]["status"] = status
+            obj = self.objects[("pods", namespace, pod)]
+            obj["status"] = status
+            self._changed("pods", "MODIFIED", obj)
 
     def ready(self, pod: str, namespace: str) -> None:
         self.set_status(pod, namespace, phase="Running", conditions=[{"type": "Ready", "status": "True"}])
@@ -128,6 +144,8 @@ class FakeKubernetes:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, and chunked watch streams as the API server sends them
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -162,9 +180,12 @@ class FakeKubernetes:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        assert self.server is not None
-        self.server.shutdown()
-        self.server.server_close()
+        server, self.server = self.server, None
+        assert server is not None
+        with self.lock:
+            self.changed.notify_all()  # open watches end
+        server.shutdown()
+        server.server_close()
 
     def _reply(self, h: BaseHTTPRequestHandler, code: int, body: Any, content_type: str = "application/json") -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
@@ -180,7 +201,7 @@ class FakeKubernetes:
 
     def _serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
         url = urlparse(h.path)
-        self.requests.append((method, url.path))
+        self.requests.append((method, h.path))
         m = NAMESPACED.match(url.path)
         if m is None:
             return self._status(h, 404, "NotFound", f"the server could not find the requested resource ({url.path})")
@@ -192,6 +213,10 @@ class FakeKubernetes:
             return self._status(h, 403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:{ns}:default" '
                                                      f'cannot {verb} resource "{resource}" in namespace "{ns}"')
         query = parse_qs(url.query)
+        selector = (query.get("labelSelector") or [""])[0]
+        if method == "GET" and name is None and (query.get("watch") or [""])[0] in ("true", "1"):
+            since = int((query.get("resourceVersion") or ["0"])[0] or 0)
+            return self._watch(h, resource, ns, selector, since, float((query.get("timeoutSeconds") or ["30"])[0]))
         with self.lock:
             if method == "POST":
                 body = json.loads(h.rfile.read(int(h.headers.get("Content-Length") or 0)))
@@ -203,9 +228,9 @@ class FakeKubernetes:
                     self.on_create(obj)
                 return self._reply(h, 201, obj)
             if name is None:
-                items = [o for o in self.list(resource, ns)
-                         if _matches(o["metadata"].get("labels", {}), (query.get("labelSelector") or [""])[0])]
-                return self._reply(h, 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+                items = [o for o in self.list(resource, ns) if _matches(o["metadata"].get("labels", {}), selector)]
+                return self._reply(h, 200, {"kind": "List", "apiVersion": "v1",
+                                            "metadata": {"resourceVersion": str(self.version)}, "items": items})
             obj = self.objects.get((resource, ns, name))
             if obj is None:
                 return self._status(h, 404, "NotFound", f'{resource} "{name}" not found')
@@ -218,12 +243,50 @@ class FakeKubernetes:
                 return self._reply(h, 200, "".join(lines[-tail:] if tail else lines), "text/plain")
             return self._reply(h, 200, obj)
 
+    def _watch(self, h: BaseHTTPRequestHandler, resource: str, ns: str, selector: str, since: int,
+               timeout: float) -> None:
+        """A watch: the changes after resourceVersion ``since``, one JSON event per line, as they happen,
+        until ``timeout`` (the client then watches again from the last version it saw)."""
+        import time
+
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+        def chunk(data: bytes) -> None:
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            h.wfile.flush()
+
+        deadline = time.monotonic() + timeout
+        sent = since
+        try:
+            while True:
+                with self.lock:
+                    while True:
+                        batch = [e for e in self.events if e[0] > sent]
+                        left = deadline - time.monotonic()
+                        if batch or left <= 0 or self.server is None:
+                            break
+                        self.changed.wait(min(left, 0.5))
+                for version, res, kind, obj in batch:
+                    sent = version
+                    meta = obj["metadata"]
+                    if res == resource and meta["namespace"] == ns and _matches(meta.get("labels", {}), selector):
+                        chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                if not batch:
+                    chunk(b"")  # the last chunk: the watch's window ended
+                    return
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
     def _delete(self, resource: str, ns: str, name: str) -> None:
         """Delete an object and (garbage collection) what it owns."""
         obj = self.objects[(resource, ns, name)]
         if resource == "mpijobs" and self.on_delete is not None:
             self.on_delete(obj)
         obj = self.objects.pop((resource, ns, name))
+        self._changed(resource, "DELETED", obj)
         uid = obj["metadata"]["uid"]
         for key, other in list(self.objects.items()):
             if key in self.objects and any(ref.get("uid") == uid for ref in other["metadata"].get("ownerReferences", [])):

@@ -243,8 +243,7 @@ from jdist.plugins import option_table  # noqa: E402
 
 
 @pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setattr(k8s_client, "POLL_S", 0.1)  # the pods' states, polled quicker than against a real API
+def fake():
     with FakeKubernetes() as api:
         yield api
 
@@ -295,6 +294,9 @@ def test_the_launcher_creates_the_job_waits_for_its_pods_and_deletes_it_on_stop(
         assert job["spec"]["slotsPerWorker"] == 2 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
         assert lines[0].startswith(f"Creating job {k8s.spec.name} in namespace ml: 2 pod(s) of 2 rank(s)")
         assert any("0/2 pods ready; " in line and "starting" in line for line in lines), lines
+        # one list of the pods, then a watch of their changes (no polling)
+        pod_calls = [path for method, path in fake.requests if method == "GET" and "/pods?" in path]
+        assert len(pod_calls) == 2 and "watch=true" in pod_calls[1] and "resourceVersion=" in pod_calls[1], pod_calls
         # hydra starts the ranks over ssh with the job's key, in the pods the operator named
         assert k8s.mpi_cmd()[-1] == (f"{k8s.spec.name}-worker-0.{k8s.spec.name}.ml.svc:2,"
                                      f"{k8s.spec.name}-worker-1.{k8s.spec.name}.ml.svc:2")

@@ -1,7 +1,7 @@
 """The calls jdist makes to the Kubernetes API, on the official ``kubernetes`` client (``jdist[k8s]``).
 
 :class:`Jobs` creates a job (:func:`jdist.kernel.launch.k8s.manifests.mpijob`), waits until its
-worker pods are ready (:meth:`Jobs.wait_ready`: one progress line per change, one error line for a pod
+worker pods are ready (:meth:`Jobs.wait_ready`: a watch of their changes, one progress line per change, one error line for a pod
 that cannot run, with its last log lines), reads the operator's ssh key of the job, and deletes the
 job. The API's refusals become one line that names the fix: the MPI Operator not installed (404 on
 the kind), the service account without the rights of :func:`~.manifests.role` (403).
@@ -26,8 +26,9 @@ from .pods import PodState, pod_state, summary
 
 #: Where a pod finds its service account (in-cluster configuration).
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-#: How often :meth:`Jobs.wait_ready` looks at the pods, and how many log lines a failed pod's error shows.
-POLL_S = 1.0
+#: The longest a watch of the pods stays open (then a new one from where it was), and how many log lines a
+#: failed pod's error shows.
+WATCH_S = 30
 LOG_LINES = 20
 #: One API call's timeout (seconds): connect, read.
 REQUEST_TIMEOUT = (10, 30)
@@ -129,14 +130,23 @@ class Jobs:
             raise self._refused(exc, f"get mpijobs {name}") from None
 
     # -- its pods ---------------------------------------------------------------------------
-    def workers(self, name: str) -> list[dict[str, Any]]:
-        """The job's worker pods (JSON field names), by index."""
+    def _selector(self, name: str) -> str:
+        return f"{CLUSTER_LABEL}={name},{ROLE_LABEL}=worker"
+
+    def _list_workers(self, name: str) -> tuple[list[dict[str, Any]], str]:
+        """The job's worker pods as the API says them (JSON field names; the client's models are stricter
+        than what a fake or an older server sends), by index, and the list's resourceVersion."""
         import json
 
-        raw = self._call("list pods", self.core.list_namespaced_pod, self.namespace,
-                         label_selector=f"{CLUSTER_LABEL}={name},{ROLE_LABEL}=worker", _preload_content=False)
-        pods = json.loads(raw.data).get("items") or []  # as the API says it (the client's models are stricter)
-        return sorted(pods, key=lambda p: _index(p["metadata"]["name"]))
+        raw = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=self._selector(name),
+                         _preload_content=False)
+        body = json.loads(raw.data)
+        pods = sorted(body.get("items") or [], key=lambda p: _index(p["metadata"]["name"]))
+        return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
+
+    def workers(self, name: str) -> list[dict[str, Any]]:
+        """The job's worker pods (JSON field names), by index."""
+        return self._list_workers(name)[0]
 
     def states(self, name: str) -> list[PodState]:
         return [pod_state(p) for p in self.workers(name)]
@@ -159,28 +169,69 @@ class Jobs:
 
     def wait_ready(self, name: str, pods: int, timeout: float,
                    say: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
-        """Wait until the ``pods`` worker pods of job ``name`` are ready; they are returned. A pod that cannot
-        run raises its :meth:`failure` at once; at ``timeout`` the error says what they still wait for."""
+        """Wait until the ``pods`` worker pods of job ``name`` are ready (a list, then a watch of their
+        changes); they are returned, by index. A pod that cannot run raises its :meth:`failure` at once; at
+        ``timeout`` the error says what they still wait for. ``say``: a progress line per change."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
         t0 = time.monotonic()
-        said = ""
-        while True:
-            workers = self.workers(name)
-            states = [pod_state(p) for p in workers]
+        said = [""]
+
+        def done(found: dict[str, dict[str, Any]]) -> bool:
+            states = [pod_state(p) for _, p in sorted(found.items(), key=lambda kv: _index(kv[0]))]
             failed = next((s for s in states if s.failed), None)
             if failed is not None:
                 raise self.failure(failed)
             if len(states) >= pods and all(s.ready for s in states):
-                return workers
+                return True
             line = summary(states) if states else "waiting for the MPI Operator to create the pods"
             line = f"  {line.replace(f'/{len(states)} pods', f'/{pods} pods')}"
-            if line != said:
+            if line != said[0]:
                 say(f"{line} ({time.monotonic() - t0:.0f} s)")
-                said = line
+                said[0] = line
             if time.monotonic() - t0 >= timeout:
                 raise ClusterError(f"The job's pods were not ready within {timeout:g} s:{line}.",
                                    "Give them longer with --start-timeout S (a large image's first pull takes "
                                    f"minutes), or see kubectl describe pods -n {self.namespace} -l {CLUSTER_LABEL}={name}.")
-            time.sleep(POLL_S)
+            return False
+
+        while True:  # a list, then its changes; again from a list when the watch expired (410 Gone)
+            listed, version = self._list_workers(name)
+            found = {p["metadata"]["name"]: p for p in listed}
+            if done(found):
+                return [found[k] for k in sorted(found, key=_index)]
+            w = watch.Watch(return_type="object")  # events as dicts, as listed
+            try:
+                while True:
+                    left = timeout - (time.monotonic() - t0)
+                    window = max(1, int(min(left, WATCH_S)))
+                    for event in w.stream(self.core.list_namespaced_pod, self.namespace,
+                                          label_selector=self._selector(name), resource_version=version,
+                                          timeout_seconds=window, _request_timeout=(REQUEST_TIMEOUT[0], window + 10)):
+                        obj = event["object"]
+                        if event["type"] == "ERROR":
+                            raise _Expired()
+                        version = obj["metadata"].get("resourceVersion") or version
+                        if event["type"] == "DELETED":
+                            found.pop(obj["metadata"]["name"], None)
+                        else:
+                            found[obj["metadata"]["name"]] = obj
+                        if done(found):
+                            return [found[k] for k in sorted(found, key=_index)]
+                    if done(found):  # the window ended: the timeout is checked
+                        return [found[k] for k in sorted(found, key=_index)]
+            except _Expired:
+                continue
+            except ApiException as exc:
+                if exc.status == 410:
+                    continue
+                raise self._refused(exc, "watch pods") from None
+            except OSError as exc:
+                raise ClusterError(f"The Kubernetes API at {self.api.configuration.host} did not answer "
+                                   f"({type(exc).__name__}: {exc}) while watching the job's pods.") from None
+            finally:
+                w.stop()
 
     def ssh_key(self, name: str) -> bytes:
         """The private key the MPI Operator made for the job (its Secret ``<job>-ssh``)."""
@@ -189,6 +240,10 @@ class Jobs:
         if "ssh-privatekey" not in data:
             raise ClusterError(f"Secret {name}-ssh has no ssh-privatekey: is the MPI Operator v2 running?")
         return base64.b64decode(data["ssh-privatekey"])
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion expired (an ERROR event): list again."""
 
 
 def default_namespace(context: str | None = None) -> str:

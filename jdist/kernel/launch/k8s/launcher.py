@@ -221,7 +221,8 @@ class KubernetesLauncher(RemoteMPILauncher):
             except subprocess.TimeoutExpired:
                 return f"{host}: ssh did not finish within {PROBE_TIMEOUT_S:.0f} s"
             if out.returncode:
-                return f"{host}: {out.stderr.decode(errors='replace').strip().splitlines()[-1:] or out.returncode}"
+                said = out.stderr.decode(errors="replace").strip().splitlines()
+                return f"{host}: {said[-1] if said else f'exit status {out.returncode}'}"
             return None
 
         with ThreadPoolExecutor(max_workers=min(16, len(self.hosts()))) as pool:
