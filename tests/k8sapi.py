@@ -83,6 +83,10 @@ class FakeKubernetes:
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
         }))
 
+    def requests_of(self, method: str, part: str) -> list[str]:
+        """The paths of the requests with ``method`` whose path contains ``part``."""
+        return [path for m, path in self.requests if m == method and part in path]
+
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
             return self.objects.get((resource, namespace, name))

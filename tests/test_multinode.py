@@ -469,25 +469,28 @@ def test_a_killed_remote_rank_is_detected_and_named(bed, login):
              what=f"no MPI segment left ({[shm_on(bed, node) for node in bed.nodes]} at first)")
 
 
-@pytest.mark.parametrize("where", ["--hosts node1:1,node2:1", "--slurm -N 2 -n 2"])
-def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed, where):
+def left_after_kill(bed: Any) -> list[str]:
+    """What a killed kernel's cluster left on the nodes: engines, controller, launchers, reaper, a Slurm job,
+    MPI shared memory."""
+    found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
+    procs = on_node(bed, "node1", "ps -eo args")
+    found += [f"node1: {p}" for p in (CONTROLLER, "srun", "mpiexec", "jdist.kernel.reaper") if p in procs]
+    if on_node(bed, "node1", "squeue -h").strip():
+        found.append("a Slurm job")
+    found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]
+    return found
+
+
+def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed):
+    """--slurm; hydra over ssh (as --hosts starts ranks) is the --k8s test's, which also deletes its job."""
+    where = "--slurm -N 2 -n 2"
     k = NodeKernel(bed, "node1", "doomed")
     k.run("%load_ext jdist")
     k.run(f"%%distributed {where} --timeout 30\nx = 1", timeout=240)
     assert engines_on(bed, "node2")
     t0 = time.perf_counter()
     os.kill(k.pid(), signal.SIGKILL)
-
-    def left() -> list[str]:
-        found = [f"{node}: engine" for node in bed.nodes for _ in engines_on(bed, node)]
-        procs = on_node(bed, "node1", "ps -eo args")
-        found += [f"node1: {p}" for p in (CONTROLLER, "srun", "mpiexec", "jdist.kernel.reaper") if p in procs]
-        if on_node(bed, "node1", "squeue -h").strip():
-            found.append("a Slurm job")
-        found += [f"{node}: {name}" for node in bed.nodes for name in shm_on(bed, node)]
-        return found
-
-    wait_for(lambda: not left(), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
+    wait_for(lambda: not left_after_kill(bed), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
     print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
     k.kc.stop_channels()
     k.km.cleanup_resources()
@@ -532,7 +535,7 @@ print(f"rank {rank} done on {socket.gethostname()}", flush=True)
 def run_cli(bed: Any, name: str, launch: tuple[str, ...], hosts: dict[int, str], fail: bool,
             env: dict[str, str] | None = None) -> None:
     """jdist run with the same launcher options as a cell: records from both hosts, nothing left on either
-    node; with ``fail``, a failure on node2 named with its host."""
+    node; with ``fail`` (the script raises on node2 after training), the failure named with its host."""
     import json
 
     base = STATE / "cli" / name
@@ -540,13 +543,18 @@ def run_cli(bed: Any, name: str, launch: tuple[str, ...], hosts: dict[int, str],
     (base / "train.py").write_text(CLI_SCRIPT)
     env = dict(os.environ, JDIST_RUN_DIR=str(base / "runs"), JUPYTER_RUNTIME_DIR=str(base / "runtime"), **(env or {}))
     cmd = [sys.executable, "-m", "jdist", "run", *launch, "--timeout", "30", "--no-live", "train.py"]
-    ok = bed.run("node1", cmd, timeout=240, env=env, cwd=base)
-    assert ok.returncode == 0, ok.stderr
-    assert "rank 0 done on node1" in ok.stdout
+    out = bed.run("node1", [*cmd, *(["--fail"] if fail else [])], timeout=240, env=env, cwd=base)
+    if fail:
+        assert out.returncode == 1, out.stderr
+        assert "ValueError: bad shard on node2" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+        assert "rank 0 done on node1" in out.stdout
     from jdist.metrics import list_runs, read_run
 
     run = read_run(list_runs(base / "runs")[0])
-    assert run.status == "finished" and run.hosts == hosts and sorted(run.history["rank"].unique()) == sorted(hosts)
+    assert run.status == ("failed" if fail else "finished"), run.status
+    assert run.hosts == hosts and sorted(run.history["rank"].unique()) == sorted(hosts)
     assert sorted(run.host_load()) == ["node1", "node2"]  # each node's lowest rank sampled its load
     from jdist.metrics.panels import panels
 
@@ -554,9 +562,6 @@ def run_cli(bed: Any, name: str, launch: tuple[str, ...], hosts: dict[int, str],
     assert sorted(row[0] for row in table["rows"]) == ["node1", "node2"]
     assert sorted(row[1] for row in table["rows"]) == ["1", "1"] if len(hosts) == 2 else ["2", "2"]
     if fail:
-        failed = bed.run("node1", [*cmd, "--fail"], timeout=240, env=env, cwd=base)
-        assert failed.returncode == 1, failed.stderr
-        assert "ValueError: bad shard on node2" in failed.stderr
         entries = json.loads((list_runs(base / "runs")[0] / "errors.json").read_text())
         assert entries[0]["host"] == "node2" and entries[0]["kind"] == "exception"
     wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
@@ -576,7 +581,7 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
     node1 where the kernel runs, as a notebook pod reaches its cluster's API; the MPI Operator and the
     kubelet are emulated on the bed (PodEmulator): pod i on node i+1, its sshd the node's, its DNS name
     in the nodes' /etc/hosts. Everything else is real: the job, the ssh key from its Secret, hydra over
-    ssh, the connection file copied over ssh, gloo across the nodes, a lost pod, the reaper."""
+    ssh, the connection file copied over ssh, gloo across the nodes, a lost pod, the reaper, jdist run."""
     from k8sapi import FakeKubernetes, PodEmulator
 
     fake = FakeKubernetes(netns_pid=bed.pid1("node1"))
@@ -611,23 +616,20 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
             text = strip_ansi((lambda o: o.stdout + o.stderr + o.traceback)(k.collect(msg, timeout=60)))
             assert f"rank 1 died: pod {name}-worker-1 ended: container rank was OOMKilled" in text, text
             print(f"\n--k8s, a pod lost mid-cell:\n{text}")
-            k.run("%dist stop", allow_error=True)
-            wait_for(lambda: not fake.list("mpijobs", "ml"), timeout=10, what="the job deleted by %dist stop")
-            wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
-                     what="no engine left")
 
-            # the kernel SIGKILLed: its reaper deletes the job (the heartbeat pod would, a minute later)
-            k.run(f"{line}\nx = 1", timeout=240)
+            # the kernel SIGKILLed, its job still there: its reaper deletes it (the heartbeat pod would, a minute
+            # later); a cluster stopped from the kernel (%dist stop, jdist run's end below) deletes its job too
             assert len(fake.list("mpijobs", "ml")) == 1
             os.kill(k.pid(), signal.SIGKILL)
             wait_for(lambda: not fake.list("mpijobs", "ml"), timeout=20, what="the job deleted after the kernel's SIGKILL")
-            wait_for(lambda: not engines_on(bed, "node1") and not engines_on(bed, "node2"), timeout=15,
-                     what="no engine left")
+            wait_for(lambda: not left_after_kill(bed), timeout=15, interval=0.1,
+                     what="nothing left on the nodes after the kernel's SIGKILL")
 
-            # jdist run takes the same options (the front ends share the launcher's); a failure names its host
+            # jdist run takes the same options (the front ends share the launcher's); a failure names its host;
+            # the job is deleted when the run ends
             run_cli(bed, "k8s", tuple(options.split()), {0: "node1", 1: "node2"}, fail=True,
                     env={"KUBECONFIG": str(STATE / "kubeconfig")})
-            assert not fake.list("mpijobs", "ml")
+            assert len(fake.requests_of("POST", "/mpijobs")) == 2 and not fake.list("mpijobs", "ml")
         finally:
             k.kc.stop_channels()
             k.km.cleanup_resources()
