@@ -117,18 +117,6 @@ class Jobs:
                 return False
             raise self._refused(exc, f"delete mpijobs {name}") from None
 
-    def exists(self, name: str) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.custom.get_namespaced_custom_object(MPIJOB_GROUP, MPIJOB_VERSION, self.namespace, MPIJOB_PLURAL, name,
-                                                     _request_timeout=REQUEST_TIMEOUT)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise self._refused(exc, f"get mpijobs {name}") from None
-
     # -- its pods ---------------------------------------------------------------------------
     def _selector(self, name: str) -> str:
         return f"{CLUSTER_LABEL}={name},{ROLE_LABEL}=worker"
