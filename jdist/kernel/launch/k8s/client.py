@@ -166,15 +166,17 @@ class Jobs:
         t0 = time.monotonic()
         said = [""]
 
+        def ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+            return [found[k] for k in sorted(found, key=_index)]
+
         def done(found: dict[str, dict[str, Any]]) -> bool:
-            states = [pod_state(p) for _, p in sorted(found.items(), key=lambda kv: _index(kv[0]))]
+            states = [pod_state(p) for p in ordered(found)]
             failed = next((s for s in states if s.failed), None)
             if failed is not None:
                 raise self.failure(failed)
             if len(states) >= pods and all(s.ready for s in states):
                 return True
-            line = summary(states) if states else "waiting for the MPI Operator to create the pods"
-            line = f"  {line.replace(f'/{len(states)} pods', f'/{pods} pods')}"
+            line = f"  {summary(states, pods) if states else 'waiting for the MPI Operator to create the pods'}"
             if line != said[0]:
                 say(f"{line} ({time.monotonic() - t0:.0f} s)")
                 said[0] = line
@@ -188,7 +190,7 @@ class Jobs:
             listed, version = self._list_workers(name)
             found = {p["metadata"]["name"]: p for p in listed}
             if done(found):
-                return [found[k] for k in sorted(found, key=_index)]
+                return ordered(found)
             w = watch.Watch(return_type="object")  # events as dicts, as listed
             try:
                 while True:
@@ -206,9 +208,9 @@ class Jobs:
                         else:
                             found[obj["metadata"]["name"]] = obj
                         if done(found):
-                            return [found[k] for k in sorted(found, key=_index)]
+                            return ordered(found)
                     if done(found):  # the window ended: the timeout is checked
-                        return [found[k] for k in sorted(found, key=_index)]
+                        return ordered(found)
             except _Expired:
                 continue
             except ApiException as exc:

@@ -114,15 +114,17 @@ def _terminated(status: dict[str, Any]) -> str | None:
     return None
 
 
-def summary(states: list[PodState]) -> str:
-    """The progress line's part for the pods: how many are ready and the first reason the others wait.
+def summary(states: list[PodState], expected: int | None = None) -> str:
+    """The progress line's part for the pods: how many of the ``expected`` (default: those seen) are ready,
+    and the first reason the others wait.
 
-    >>> summary([PodState("a", ready=True), PodState("b", waiting="ContainerCreating")])
-    '1/2 pods ready; b: ContainerCreating'
+    >>> summary([PodState("a", ready=True), PodState("b", waiting="ContainerCreating")], expected=3)
+    '1/3 pods ready; b: ContainerCreating'
     """
     ready = sum(s.ready for s in states)
     waiting = next((s for s in states if s.waiting), None)
-    return f"{ready}/{len(states)} pods ready" + (f"; {waiting.name}: {waiting.waiting}" if waiting else "")
+    return (f"{ready}/{len(states) if expected is None else expected} pods ready"
+            + (f"; {waiting.name}: {waiting.waiting}" if waiting else ""))
 
 
 __all__ = ["PodState", "pod_state", "summary"]
