@@ -129,6 +129,24 @@ def test_unknown_rank_names_valid_ranks(cluster):
         cluster.engine_ids([5])
 
 
+def test_an_engine_unregistered_after_the_liveness_check_is_a_rank_death_not_a_key_error(cluster, monkeypatch):
+    # ipyparallel's IO thread unregisters a dead engine on its own: between engine_ids' check and the send, the
+    # client's ids still list it but its engine table no longer has it (seen on CI: KeyError from a jdist.tune
+    # dispatch). That state is made here by hand on the real client; every way of sending must say "gone".
+    from ipyparallel.util import ReverseDict
+
+    client, eid = cluster.client, cluster.engine_of(1)
+    monkeypatch.setattr(client, "_engines", ReverseDict({e: u for e, u in client._engines.items() if e != eid}))
+    sends = [lambda: cluster.execute("1"), lambda: cluster.apply_async(abs, -1), lambda: cluster.push("x", 1),
+             lambda: cluster.apply(abs, -1), lambda: cluster.control(1, "jdist_reply", {}),
+             lambda: cluster.interrupt([1])]
+    for send in sends:
+        with pytest.raises(ClusterError, match=r"Rank\(s\) 1 are gone"):
+            send()
+    monkeypatch.undo()
+    assert cluster.apply(abs, -1) == [1, 1]  # nothing was sent to rank 0 alone and left queued
+
+
 def test_interrupt_stops_running_code_and_keeps_state(cluster):
     cluster.push("kept", 42)
     ar = cluster.execute("import time\nprint('running', flush=True)\nfor i in range(6000):\n    time.sleep(0.1)")

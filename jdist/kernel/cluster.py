@@ -399,34 +399,50 @@ class ClusterSession:
         dead = set(self.dead_ranks())
         gone = [r for r in ranks if self._engine_of_rank[r] not in alive or r in dead]
         if gone:
-            raise ClusterError(
-                f"Rank(s) {', '.join(map(str, gone))} are gone: their processes died. "
-                "Run %dist restart to start fresh ranks (their variables are lost)."
-            )
+            raise self._gone(gone)
         return [self._engine_of_rank[r] for r in ranks]
+
+    @staticmethod
+    def _gone(ranks: Sequence[int]) -> ClusterError:
+        return ClusterError(
+            f"Rank(s) {', '.join(map(str, ranks))} are gone: their processes died. "
+            "Run %dist restart to start fresh ranks (their variables are lost)."
+        )
+
+    def _send(self, ranks: Sequence[int] | None, send: Callable[[Any, list[int]], Any]) -> Any:
+        """``send(client, engine ids)`` for ``ranks`` after :meth:`engine_ids`' check. ipyparallel's IO thread
+        may unregister a dead engine between that check and the send (its lookup then raises ``KeyError``):
+        that is the same ClusterError as a death the check found."""
+        client = self._require()
+        engines = self.engine_ids(ranks)
+        try:
+            return send(client, engines)
+        except KeyError as exc:
+            if not exc.args or exc.args[0] not in engines:
+                raise
+            raise self._gone([r for r, e in self._engine_of_rank.items() if e == exc.args[0]]) from None
 
     def rank_of_engine(self, engine_id: int) -> int:
         return {e: r for r, e in self._engine_of_rank.items()}[engine_id]
 
     def execute(self, code: str, ranks: Sequence[int] | None = None) -> Any:
         """Send ``code`` to run on ``ranks`` (default all); returns the ipyparallel AsyncResult."""
-        view = self._require()[self.engine_ids(ranks)]
-        if self.launcher is not None:
-            self.launcher.cell_started()
-        return view.execute(code, silent=False, block=False)
+        return self._send(ranks, lambda client, engines: self._started(client[engines]).execute(
+            code, silent=False, block=False))
 
     def apply_async(self, fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None) -> Any:
         """Send the picklable ``fn(*args)`` to ``ranks`` without waiting; the ipyparallel AsyncResult."""
-        view = self._require()[self.engine_ids(ranks)]
+        return self._send(ranks, lambda client, engines: self._started(client[engines]).apply_async(fn, *args))
+
+    def _started(self, view: Any) -> Any:
         if self.launcher is not None:
             self.launcher.cell_started()
-        return view.apply_async(fn, *args)
+        return view
 
     def apply(self, fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None = None,
               timeout: float | None = 30) -> list[Any]:
         """Call the picklable ``fn(*args)`` on ``ranks`` (default all); the results in rank order."""
-        view = self._require()[self.engine_ids(ranks)]
-        return view.apply_async(fn, *args).get(timeout=timeout)
+        return self._send(ranks, lambda client, engines: client[engines].apply_async(fn, *args)).get(timeout=timeout)
 
     def call(self, name: str, *args: Any, ranks: Sequence[int] | None = None, timeout: float | None = 30) -> list[Any]:
         """Run ``jdist.rank.rpc.<name>(*args)`` on ``ranks``; the results in rank order."""
@@ -435,8 +451,12 @@ class ClusterSession:
     def reply(self, rank: int, msg_type: str, content: dict[str, Any]) -> None:
         """Send ``content`` to a rank that waits for it, on its engine's control channel (answered on the
         rank's control thread while its cell runs: :func:`jdist.rank.channel.on_control`); no wait."""
-        self._require()._send_control_request(targets=[self.engine_ids([rank])[0]], msg_type=msg_type,
-                                              content=content, block=False)
+        self.control(rank, msg_type, content)
+
+    def control(self, rank: int, msg_type: str, content: dict[str, Any]) -> Any:
+        """Send ``content`` as ``msg_type`` on ``rank``'s engine control channel; the reply's future."""
+        return self._send([rank], lambda client, engines: client._send_control_request(
+            targets=engines, msg_type=msg_type, content=content, block=False))
 
     def interrupt(self, ranks: Sequence[int] | None = None, timeout: float = 10.0) -> None:
         """Send SIGINT to the rank processes through the controller (KeyboardInterrupt in their code);
@@ -444,7 +464,7 @@ class ClusterSession:
         caller's grace period then names the ranks that did not stop, rather than waiting forever."""
         if ranks is not None and not list(ranks):
             return
-        sent = self._require().send_signal(signal.SIGINT, targets=self.engine_ids(ranks), block=False)
+        sent = self._send(ranks, lambda client, engines: client.send_signal(signal.SIGINT, targets=engines, block=False))
         try:
             sent.result(timeout)
         except TimeoutError:
@@ -456,7 +476,7 @@ class ClusterSession:
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None) -> None:
         """Set ``name`` to ``value`` in each rank's namespace (``%dist restart`` pushes it again)."""
-        self._require()[self.engine_ids(ranks)].push({name: value}, block=True)
+        self._send(ranks, lambda client, engines: client[engines].push({name: value}, block=True))
         self.recovery.note_push(name, value, list(ranks) if ranks is not None else None)
 
     def apply_live(self, changes: dict[str, Any]) -> list[str]:

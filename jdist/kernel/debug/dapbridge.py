@@ -248,8 +248,7 @@ class DapBridge:
         cluster = self.cluster
         if cluster is None or not cluster.running:
             return {"type": "response", "success": False, "message": f"rank {rank} is gone (its cluster stopped)"}
-        future = cluster.client._send_control_request(targets=cluster.engine_ids([rank]), msg_type=DAP_REQUEST,
-                                                      content=request, block=False)
+        future = cluster.control(rank, DAP_REQUEST, request)
         try:
             replies = future.result(RANK_TIMEOUT_S)
         except TimeoutError:
