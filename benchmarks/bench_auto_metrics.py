@@ -14,9 +14,17 @@ Two sizes: an MLP 64 -> 64 -> 64 -> 1, batch 32 (~1 ms steps), and 64 -> 1024 ->
 Rows: the median over ``--repeats`` rounds of each run's median step (and mean step). Targets, automatic
 metrics on against torchrun: ≤ 1.03× at ~1 ms steps, ≤ 1.01× at ~10 ms steps.
 
+Separate launches differ by tens of percent on a loaded 2-core machine, more than the hooks cost. So a
+second table (``--in-process``, also run by default) measures the hooks' own cost where nothing else
+varies: one process, one gloo rank, pinned to one core where it can be, the ~1 ms model's loop with a
+jdist rank session and its publisher thread (records encoded as for the kernel, then dropped), blocks of
+steps interleaved: no hooks, automatic metrics without DDP's timing comm hook, and all of them. The
+target there is the 1 ms budget: ≤ 30 µs a step.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_auto_metrics.py [--repeats 5] [--steps 1000] [--json auto.json]
+    .venv/bin/python benchmarks/bench_auto_metrics.py --in-process-only [--blocks 30]
 """
 
 from __future__ import annotations
@@ -83,12 +91,98 @@ def run_once(kind: str, work: Path, steps: int, width: int, retried: bool = Fals
     raise SystemExit(f"{kind}: no step times in\n{out.stdout}\n{out.stderr}")
 
 
+#: The in-process variants: (label, automatic metrics on, DDP's timing comm hook).
+IN_PROCESS = (("no hooks", False, False), ("hooks, DDP not timed", True, False), ("automatic metrics on", True, True))
+
+
+def in_process(blocks: int, per_block: int = 300) -> dict[str, float]:
+    """Median step (s) of each :data:`IN_PROCESS` variant, blocks of ``per_block`` steps interleaved."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from jdist.codec import encode_data
+    from jdist.rank import auto_metrics
+    from jdist.rank.session import Publisher, local_session
+
+    class Encoded:  # what a rank's channel does, without a kernel to send to
+        def publish(self, message: object) -> None:
+            encode_data(message)
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    x, y = torch.randn(32, 64), torch.randn(32, 1)
+    medians: dict[str, list[float]] = {label: [] for label, _, _ in IN_PROCESS}
+    with local_session(channel=Encoded()) as s:
+        publisher = Publisher(s)
+        loops = {}
+        for label, auto, timed in IN_PROCESS:
+            auto_metrics.disable(s)
+            if auto:
+                auto_metrics.enable(s)
+            real = auto_metrics.time_ddp
+            if not timed:  # the split: the DDP built now gets no timing comm hook
+                auto_metrics.time_ddp = lambda *args, **kwargs: None
+            torch.manual_seed(0)
+            model = DistributedDataParallel(torch.nn.Sequential(
+                torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+            auto_metrics.time_ddp = real
+            loops[label] = (auto, model, torch.optim.SGD(model.parameters(), lr=0.01))
+        for _ in range(blocks):
+            for label, (auto, model, opt) in loops.items():
+                auto_metrics.disable(s)
+                if auto:
+                    auto_metrics.enable(s)
+                times = []
+                for _ in range(per_block):
+                    t = time.perf_counter()
+                    loss = (model(x) - y).pow(2).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    times.append(time.perf_counter() - t)
+                times.sort()
+                medians[label].append(times[len(times) // 2])
+                s.end_cell()
+                s.begin_cell()
+        publisher.stop()
+        auto_metrics.disable(s)
+    dist.destroy_process_group()
+    return {label: statistics.median(values) for label, values in medians.items()}
+
+
+def print_in_process(blocks: int) -> dict[str, float]:
+    steps = in_process(blocks)
+    base = steps["no hooks"]
+    print(f"\nthe hooks' own cost: one process, one gloo rank, one core, the ~1 ms model, {blocks} blocks of 300 "
+          "steps interleaved (median step)\n")
+    print(f"{'':<24} {'step':>9} {'added':>9}  target     ok")
+    for label, step in steps.items():
+        added = 1e6 * (step - base)
+        target = "≤ 30 µs" if label == "automatic metrics on" else ""
+        ok = ("yes" if added <= 30 else "NO") if target else ""
+        print(f"{label:<24} {1e6 * step:>6.1f} µs {added:>+6.1f} µs  {target:<9} {ok}")
+    return steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=1000, help="timed steps at ~1 ms (x0.3 at ~10 ms)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--blocks", type=int, default=30, help="in-process blocks of 300 steps per variant")
+    ap.add_argument("--in-process-only", action="store_true", help="only the hooks' own cost (about 1 minute)")
     args = ap.parse_args()
+    if args.in_process_only:
+        print_in_process(args.blocks)
+        return
     medians: dict[tuple[str, str], list[float]] = {}
     means: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +210,8 @@ def main() -> None:
             print(f"{name:<24} {t:>9.3f} {off:>10.3f} {on:>9.3f} {off / t:>7.3f} {on / t:>7.3f}  ≤ {target:<5} "
                   f"{'yes' if ok else 'NO'}")
             summary[name] = {k: table[(label, k)] for k in KINDS} | {"target": target, "ok": ok}
+    steps = print_in_process(args.blocks)
+    summary["in process"] = {label: 1e6 * step for label, step in steps.items()}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

@@ -285,6 +285,40 @@ def test_an_unchanged_nanogpt_style_script_under_jdist_run_has_a_record_per_step
     assert "step time per rank: r0 " in shown.stdout and "(comm " in shown.stdout, shown.stdout
 
 
+#: The same DDP trained twice on each rank, with jdist's timing comm hook and with DDP's own all-reduce.
+SAME_BITS = r'''
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from jdist.rank import auto_metrics
+from jdist.rank.session import current
+rank, weights = dist.get_rank(), {}
+for timed in (True, False):
+    if not timed:
+        auto_metrics.disable(current())  # DDP's own all-reduce (C++, no hook)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    assert (getattr(model, "_jdist_comm", None) is not None) == timed
+    opt, g = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        loss = model(torch.randn(4, 8, generator=g)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    weights[timed] = [p.detach().clone() for p in model.parameters()]
+print(f"rank {rank} same bits: {all(torch.equal(a, b) for a, b in zip(weights[True], weights[False]))}")
+'''
+
+
+@pytest.mark.cluster
+def test_the_timing_comm_hook_gives_ddps_gradients_to_the_bit_on_3_ranks(tmp_path, monkeypatch):
+    # 3 ranks: scaling by 1/3 before the sum and dividing by 3 round differently (2 ranks cannot tell)
+    (tmp_path / "same.py").write_text(SAME_BITS)
+    monkeypatch.setenv("JDIST_RUN_DIR", str(tmp_path / "runs"))
+    out = subprocess.run([sys.executable, "-m", "jdist", "run", "-n", "3", "--output", "all", "--no-live",
+                          str(tmp_path / "same.py")], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert sorted(re.findall(r"rank (\d) same bits: (\w+)", out.stdout)) == [(str(r), "True") for r in range(3)], \
+        out.stdout
+
+
 # -- one kernel: %run, FSDP2, a script logging itself, --auto-metrics off, Horovod, DeepSpeed ----------------------
 
 HOOKS = ("import torch, torch.distributed as dist\n"

@@ -151,7 +151,12 @@ class AutoSteps:
 
     def _queue(self, entry: Entry) -> None:
         rec, now, intervals, events, forwards, roots = entry
-        self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
+        s = self.session
+        if roots and self.kind == "cuda":
+            deferred = loss_values(roots, s)
+        else:  # CPU tensors: the publisher thread reads them
+            deferred = [("loss", roots, None)] if roots else None
+        s.add_entry(rec, now, intervals, events, forwards, deferred)
 
 
 def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:
@@ -347,7 +352,8 @@ def _first(fut: Any) -> Any:
 
 def timed_comm_hook(timer: CommTimer, kind: str) -> Callable[[Any, Any], Any]:
     """A DDP communication hook that all-reduces each gradient bucket (the process group's own
-    ``allreduce``, the bucket divided by the group's size first, as torch's ``allreduce_hook``) or runs the
+    ``allreduce``, the bucket multiplied by 1 / the group's size first, as DDP does without a hook, so the
+    gradients are the same to the bit) or runs the
     hook in its :class:`CommHookState`, and reports to ``timer`` how long it was in flight: from the start
     of the bucket's all-reduce (CPU: ``time.perf_counter``; GPU: a CUDA timing event, read lazily, so the
     hook never synchronises) to
@@ -375,7 +381,7 @@ def timed_comm_hook(timer: CommTimer, kind: str) -> Callable[[Any, Any], Any]:
                 TIMING[0] -= 1
         group = state.group if state is not None and state.group is not None else dist.group.WORLD
         tensor = bucket.buffer()
-        tensor.div_(group.size())
+        tensor.mul_(1.0 / group.size())  # DDP's own scaling (by 1 / world, then the sum): the same bits
         return group.allreduce([tensor], opts).get_future()
 
     def hook(state, bucket):  # no annotations: DDP checks them at run time

@@ -221,7 +221,8 @@ def state_bytes(s: RankSession) -> StateBytes | None:
 
 class ModelState:
     """:func:`state_bytes`, counted by ``jdist.log`` on the training thread (:meth:`at_log`) at
-    most every ``max_age_s`` seconds (it walks every tensor). Not by the publisher thread:
+    most every ``max_age_s`` seconds (it walks every tensor) and put into the records by the publisher
+    thread (:meth:`fill`: nothing per record on the training thread). Not counted by the publisher thread:
     autograd sets a parameter's ``.grad`` without holding the GIL, and reading it from another
     thread at that moment crashes the process."""
 
@@ -242,11 +243,14 @@ class ModelState:
     def at_log(self, s: RankSession, rec: dict[str, Any], now: float) -> None:
         if now >= self.due:  # count now; the next count is due max_age_s later
             self.value, self.due = state_bytes(s), now + self.max_age_s
-        v = self.value
-        rec.update(zip(self.names, (v.total, *v) if v is not None else (None,) * len(self.names)))
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
-        pass  # set in the record by at_log
+        """The newest count into every record of the batch (a count made at a log of this batch also goes
+        into the records logged before it, at most one publish interval earlier)."""
+        v = self.value
+        values = dict(zip(self.names, (v.total, *v) if v is not None else (None,) * len(self.names)))
+        for entry in entries:
+            entry[REC].update(values)
 
 
 def default_sources() -> list[MetricSource]:
