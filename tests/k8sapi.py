@@ -3,9 +3,10 @@
 It keeps objects by (resource, namespace, name) and serves the paths jdist's client calls (MPIJobs
 create/get/delete, pods list with equality label selectors, get, log, secrets get), with the API's
 status codes and ``Status`` bodies; the official ``kubernetes`` client talks to it as to a real server.
-It also stands in for the MPI Operator (:meth:`FakeKubernetes.operator`): a created MPIJob gets its
-worker pods (named and labelled as the operator names them, Pending) and its ssh Secret; the test
-then moves the pods' states (:meth:`FakeKubernetes.set_status`). Deleting a job deletes what it owns.
+It also stands in for the MPI Operator (:meth:`FakeKubernetes.operator`) and Kubeflow Trainer with JobSet
+(:meth:`FakeKubernetes.trainer`): a created MPIJob or TrainJob gets its pods (named and labelled as
+they name them, Pending) and its ssh Secret; the test then moves the pods' states
+(:meth:`FakeKubernetes.set_status`). Deleting a job deletes what it owns.
 
 Watches (``?watch=true``) stream the changes after a ``resourceVersion`` (one counter for everything),
 one JSON event per line, until ``timeoutSeconds``. Not checked here (a real API server's work):
@@ -27,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
+#: The jobs' resources (what the engines act on).
+JOBS = ("mpijobs", "trainjobs")
 NAMESPACED = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))/namespaces/(?P<ns>[^/]+)/"
                         r"(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
 
@@ -53,8 +56,8 @@ class FakeKubernetes:
         self.forbidden: set[str] = set()  # "verb resource" the caller's service account may not do (403)
         self.missing: set[str] = set()  # resources whose kind is not installed (404), e.g. "mpijobs"
         self.requests: list[tuple[str, str]] = []  # (method, path with its query)
-        self.on_create: Callable[[dict[str, Any]], None] | None = self.operator
-        self.on_delete: Callable[[dict[str, Any]], None] | None = None  # an MPIJob deleted (before its pods)
+        self.on_create: Callable[[dict[str, Any]], None] | None = self.engine
+        self.on_delete: Callable[[dict[str, Any]], None] | None = None  # a job deleted (before its pods)
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.version = 0  # the last resourceVersion given
@@ -123,6 +126,10 @@ class FakeKubernetes:
     def ready(self, pod: str, namespace: str) -> None:
         self.set_status(pod, namespace, phase="Running", conditions=[{"type": "Ready", "status": "True"}])
 
+    def engine(self, job: dict[str, Any]) -> None:
+        """What the cluster's engine does for a new job: :meth:`operator` (MPIJob) or :meth:`trainer` (TrainJob)."""
+        (self.operator if job["kind"] == "MPIJob" else self.trainer)(job)
+
     def operator(self, job: dict[str, Any]) -> None:
         """What the MPI Operator does for a new MPIJob: its ssh Secret and its pods, Pending."""
         meta, spec = job["metadata"], job["spec"]
@@ -141,6 +148,31 @@ class FakeKubernetes:
                 self.put("pods", {"metadata": {"name": pod_name, "namespace": ns, "labels": labels,
                                                "ownerReferences": owner},
                                   "spec": {**template["spec"], "hostname": pod_name, "subdomain": name},
+                                  "status": {"phase": "Pending"}})
+
+    def trainer(self, job: dict[str, Any]) -> None:
+        """What Kubeflow Trainer (and JobSet) do for a new TrainJob on jdist's runtime: its ssh Secret, and the
+        pods of its ``node`` and ``launcher`` jobs, Pending, labelled as the job's ``runtimePatches`` say."""
+        meta, spec = job["metadata"], job["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        owner = [{"apiVersion": job["apiVersion"], "kind": "TrainJob", "name": name, "uid": meta["uid"], "controller": True}]
+        key = base64.b64encode(f"fake private key of {name}\n".encode()).decode()
+        self.put("secrets", {"metadata": {"name": f"{name}-mpi-ssh-auth", "namespace": ns, "ownerReferences": owner},
+                             "type": "kubernetes.io/ssh-auth",
+                             "data": {"ssh-privatekey": key, "ssh-publickey": base64.b64encode(b"ecdsa x").decode()}})
+        patched = {rj["name"]: rj["template"]["spec"]["template"]
+                   for patch in spec.get("runtimePatches", [])
+                   for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+        for rjob, count in (("node", spec["trainer"]["numNodes"]), ("launcher", 1)):
+            for i in range(count):
+                hostname = f"{name}-{rjob}-0-{i}"
+                labels = {**patched.get(rjob, {}).get("metadata", {}).get("labels", {}),
+                          "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                          "batch.kubernetes.io/job-completion-index": str(i)}
+                self.put("pods", {"metadata": {"name": f"{hostname}-x{i}q7z", "namespace": ns, "labels": labels,
+                                               "ownerReferences": owner},
+                                  "spec": {"hostname": hostname, "subdomain": name,
+                                           "containers": [{"name": rjob, "image": spec["trainer"]["image"]}]},
                                   "status": {"phase": "Pending"}})
 
     # -- the server ----------------------------------------------------------------------------
@@ -228,7 +260,7 @@ class FakeKubernetes:
                 if (resource, ns, body["metadata"]["name"]) in self.objects:
                     return self._status(h, 409, "AlreadyExists", f'{resource} "{body["metadata"]["name"]}" already exists')
                 obj = self.put(resource, body)
-                if resource == "mpijobs" and self.on_create is not None:
+                if resource in JOBS and self.on_create is not None:
                     self.on_create(obj)
                 return self._reply(h, 201, obj)
             if name is None:
@@ -287,7 +319,7 @@ class FakeKubernetes:
     def _delete(self, resource: str, ns: str, name: str) -> None:
         """Delete an object and (garbage collection) what it owns."""
         obj = self.objects[(resource, ns, name)]
-        if resource == "mpijobs" and self.on_delete is not None:
+        if resource in JOBS and self.on_delete is not None:
             self.on_delete(obj)
         obj = self.objects.pop((resource, ns, name))
         self._changed(resource, "DELETED", obj)
@@ -298,38 +330,46 @@ class FakeKubernetes:
 
 
 class PodEmulator:
-    """The MPI Operator and the kubelet on the two-node bed (tools/testbed.py), for end-to-end runs.
+    """The job's engine (MPI Operator or Trainer) and the kubelet on the two-node bed (tools/testbed.py), for
+    end-to-end runs.
 
-    A created MPIJob's worker pod ``i`` "runs" on node ``nodes[i % 2]``: its DNS name is added to the
+    A created job's worker pod ``i`` "runs" on node ``nodes[i % 2]``: its DNS name is added to the
     nodes' ``/etc/hosts``, the job's ssh Secret holds the bed's key (the bed's sshd lets it in, as a
-    pod's sshd lets the operator's key in), and the pod is Ready at once. Ending a pod (the job
+    pod's sshd lets the engine's key in), and the pod is Ready at once. Ending a pod (the job
     deleted, or :meth:`kill_pod`) kills what runs in it: the processes hydra started there over ssh.
     """
 
     def __init__(self, fake: FakeKubernetes, bed: Any, nodes: tuple[str, ...] = ("node1", "node2")) -> None:
         self.fake, self.bed, self.nodes = fake, bed, nodes
         self.node_of: dict[str, str] = {}  # pod -> node
+        self.job_of: dict[str, str] = {}  # pod -> its job
         fake.on_create = self.created
         fake.on_delete = self.deleted
 
     def created(self, job: dict[str, Any]) -> None:
+        from jdist.kernel.launch.k8s.manifests import CLUSTER_LABEL, ROLE_LABEL
+        from jdist.kernel.launch.k8s.pods import pod_index
+
         fake, meta = self.fake, job["metadata"]
-        fake.operator(job)
+        ns, name = meta["namespace"], meta["name"]
+        fake.engine(job)
         key = (self.bed.state / "ssh" / "id_ed25519").read_bytes()
-        fake.objects[("secrets", meta["namespace"], f"{meta['name']}-ssh")]["data"]["ssh-privatekey"] = \
-            base64.b64encode(key).decode()
-        for i in range(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]):
-            pod = f"{meta['name']}-worker-{i}"
+        secret = f"{name}-ssh" if job["kind"] == "MPIJob" else f"{name}-mpi-ssh-auth"
+        fake.objects[("secrets", ns, secret)]["data"]["ssh-privatekey"] = base64.b64encode(key).decode()
+        workers = [p for p in fake.list("pods", ns) if p["metadata"]["labels"].get(CLUSTER_LABEL) == name
+                   and p["metadata"]["labels"].get(ROLE_LABEL) == "worker"]
+        for i, pod in enumerate(sorted(workers, key=pod_index)):
+            pod_name = pod["metadata"]["name"]
             node = self.nodes[i % len(self.nodes)]
-            self.node_of[pod] = node
-            line = f"{self.bed.nodes[node]} {pod}.{meta['name']}.{meta['namespace']}.svc\n"
+            self.node_of[pod_name], self.job_of[pod_name] = node, name
+            line = f"{self.bed.nodes[node]} {pod['spec']['hostname']}.{name}.{ns}.svc\n"
             for n in self.bed.nodes:
                 with open(self.bed.state / f"hosts-{n}", "a") as f:
                     f.write(line)
-            fake.ready(pod, meta["namespace"])
+            fake.ready(pod_name, ns)
 
     def deleted(self, job: dict[str, Any]) -> None:
-        for pod in [p for p in self.node_of if p.startswith(job["metadata"]["name"] + "-worker-")]:
+        for pod in [p for p, j in self.job_of.items() if j == job["metadata"]["name"]]:
             self.end_pod(pod)
 
     def kill_pod(self, pod: str, namespace: str, **status: Any) -> None:

@@ -2,9 +2,11 @@
 against the schemas the API server would apply, and the heartbeat that ends a job whose kernel is gone.
 
 No Kubernetes API server can run on these machines, so nothing here talks to one: the ``MPIJob`` is
-checked against the MPI Operator's own CRD schema (tests/data/k8s, source in its README) made strict
-(an unknown field fails, where the API server would silently drop it), its pod templates and the RBAC
-objects against Kubernetes' published schemas (``kubernetes-validate``, strict).
+checked against the MPI Operator's own CRD schema, the ``TrainJob`` and the ``ClusterTrainingRuntime``
+against Kubeflow Trainer's (tests/data/k8s, sources in its README), made strict (an unknown field
+fails, where the API server would silently drop it), their pod templates and the RBAC objects against
+Kubernetes' published schemas (``kubernetes-validate``, strict). The launcher's tests run against a
+fake API over HTTP (tests/k8sapi.py), which also plays the MPI Operator and Trainer.
 
 Golden files: ``JDIST_UPDATE_GOLDEN=1 pytest tests/test_launch_k8s.py`` rewrites them; review the diff.
 """
@@ -12,6 +14,7 @@ Golden files: ``JDIST_UPDATE_GOLDEN=1 pytest tests/test_launch_k8s.py`` rewrites
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gzip
 import json
 import os
@@ -35,8 +38,12 @@ from jdist.kernel.launch.k8s.manifests import (
     parse_tolerations,
     role,
     role_binding,
+    ssh_secret,
+    training_runtime,
+    trainjob,
     worker_hosts,
 )
+from jdist.kernel.launch.k8s.pods import pod_index
 
 DATA = Path(__file__).parent / "data" / "k8s"
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -62,15 +69,41 @@ def strict(schema: dict) -> dict:
     return schema
 
 
-MPIJOB_SCHEMA = strict(json.loads(gzip.decompress((DATA / "mpijob-v2beta1.schema.json.gz").read_bytes())))
+def crd_schema(name: str) -> dict:
+    return strict(json.loads(gzip.decompress((DATA / name).read_bytes())))
+
+
+MPIJOB_SCHEMA = crd_schema("mpijob-v2beta1.schema.json.gz")
+TRAINJOB_SCHEMA = crd_schema("trainjob-v1alpha1.schema.json.gz")
+RUNTIME_SCHEMA = crd_schema("clustertrainingruntime-v1alpha1.schema.json.gz")
+
+
+def check_pod_template(template: dict) -> None:
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                  "template": template}, K8S_VERSION, strict=True)
+
+
+def check_trainjob(job: dict) -> None:
+    """A TrainJob as the API server would check it: Trainer's CRD schema, and each patch's pod template."""
+    jsonschema.validate(job, TRAINJOB_SCHEMA)
+    for patch in job["spec"]["runtimePatches"]:
+        for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            check_pod_template(rjob["template"]["spec"]["template"])
+
+
+def check_runtime(runtime: dict) -> None:
+    """A ClusterTrainingRuntime: Trainer's CRD schema, and each of its JobSet's jobs as a batch/v1 Job."""
+    jsonschema.validate(runtime, RUNTIME_SCHEMA)
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        kubernetes_validate.validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"},
+                                      "spec": rjob["template"]["spec"]}, K8S_VERSION, strict=True)
 
 
 def check_mpijob(job: dict) -> None:
     """The job as the API server would check it: the operator's CRD schema, and each pod template."""
     jsonschema.validate(job, MPIJOB_SCHEMA)
     for replica in job["spec"]["mpiReplicaSpecs"].values():
-        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": replica["template"]}
-        kubernetes_validate.validate(template, K8S_VERSION, strict=True)
+        check_pod_template(replica["template"])
 
 
 def golden(name: str, objects: list[dict]) -> None:
@@ -111,6 +144,29 @@ def test_a_cpu_job_with_its_own_ssh_user_and_port_is_its_golden_file_and_valid()
     assert "resources" not in worker and "ownerReferences" not in job["metadata"]
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["command"][:3] == ["/opt/venv/bin/python", "-m", "jdist.kernel.launch.k8s.heartbeat"]
+
+
+def test_a_trainjob_and_its_runtime_are_their_golden_files_and_valid():
+    spec = dataclasses.replace(GPU, runtime="trainjob")
+    job, runtime = trainjob(spec), training_runtime("registry.example/jdist:1", ssh_user="mpiuser", ssh_port=2222,
+                                                    python="/opt/venv/bin/python")
+    check_trainjob(job)
+    check_runtime(runtime)
+    golden("trainjob-gpu.yaml", [job])
+    golden("training-runtime.yaml", [runtime])
+    assert job["spec"]["trainer"]["resourcesPerNode"] == {"requests": {"cpu": "16", "memory": "64Gi"},
+                                                          "limits": {"memory": "64Gi", "nvidia.com/gpu": 4}}
+    assert job["spec"]["trainer"]["numNodes"] == 2 and job["spec"]["trainer"]["numProcPerNode"] == 4
+    assert job["metadata"]["ownerReferences"][0]["name"] == "jupyter-ada"
+    # JobSet's pod hostnames under its headless Service; Trainer's Secret
+    assert worker_hosts(spec) == ["jdist-c1-node-0-0.jdist-c1.ml.svc", "jdist-c1-node-0-1.jdist-c1.ml.svc"]
+    assert ssh_secret(spec) == "jdist-c1-mpi-ssh-auth" and ssh_secret(GPU) == "jdist-c1-ssh"
+    assert runtime["spec"]["mlPolicy"]["mpi"]["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    # what an administrator installs, printed by jdist as kubectl reads it
+    out = subprocess.run([sys.executable, "-m", "jdist.kernel.launch.k8s.manifests", "runtime", "--image",
+                          "registry.example/jdist:1", "--ssh-user", "mpiuser", "--ssh-port", "2222", "--pod-python",
+                          "/opt/venv/bin/python"], capture_output=True, text=True, timeout=60, check=True)
+    assert list(yaml.safe_load_all(out.stdout)) == [runtime]
 
 
 def test_the_rbac_objects_are_their_golden_file_and_valid():
@@ -266,11 +322,11 @@ def pods_become(fake, job_of, after, change):
     def run():
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            jobs = fake.list("mpijobs", "ml")
+            jobs = fake.list("mpijobs", "ml") + fake.list("trainjobs", "ml")
             if jobs:
                 time.sleep(after)
-                for p in fake.list("pods", "ml"):
-                    if "-worker-" in p["metadata"]["name"]:
+                for p in sorted(fake.list("pods", "ml"), key=pod_index):
+                    if p["metadata"].get("labels", {}).get("jdist.dev/role") == "worker":
                         change(fake, "ml", p["metadata"]["name"])
                 job_of.append(jobs[0])
                 return
@@ -292,7 +348,7 @@ def test_the_launcher_creates_the_job_waits_for_its_pods_and_deletes_it_on_stop(
         check_mpijob({k: v for k, v in job.items() if k != "status"} | {"metadata": {
             k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}})
         assert job["spec"]["slotsPerWorker"] == 2 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
-        assert lines[0].startswith(f"Creating job {k8s.spec.name} in namespace ml: 2 pod(s) of 2 rank(s)")
+        assert lines[0].startswith(f"Creating MPIJob {k8s.spec.name} in namespace ml: 2 pod(s) of 2 rank(s)")
         assert any("0/2 pods ready; " in line and "starting" in line for line in lines), lines
         # one list of the pods, then a watch of their changes (no polling)
         pod_calls = [path for method, path in fake.requests if method == "GET" and "/pods?" in path]
@@ -311,6 +367,34 @@ def test_the_launcher_creates_the_job_waits_for_its_pods_and_deletes_it_on_stop(
         k8s.stop()
     assert fake.list("mpijobs", "ml") == [] and fake.list("pods", "ml") == [] and fake.list("secrets", "ml") == []
     assert address is not None and not heartbeat.reachable(address, 1.0)
+
+
+def test_on_trainjob_the_launcher_creates_it_waits_for_its_jobset_pods_and_deletes_it_on_stop(fake, tmp_path):
+    k8s, lines = launcher(fake, tmp_path, k8s_runtime="trainjob", training_runtime="jdist-h100")
+    t = pods_become(fake, [], 0.3, lambda f, ns, name: f.ready(name, ns))
+    try:
+        k8s.probe()
+        t.join()
+        job = fake.get("trainjobs", "ml", k8s.spec.name)
+        check_trainjob({k: v for k, v in job.items() if k != "status"} | {"metadata": {
+            k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}})
+        assert job["spec"]["runtimeRef"]["name"] == "jdist-h100"
+        assert lines[0].startswith(f"Creating TrainJob {k8s.spec.name} on jdist-h100 in namespace ml: 2 pod(s) of "
+                                   "2 rank(s)")
+        assert k8s.where() == f" in 2 pod(s) of TrainJob {k8s.spec.name} (namespace ml)"
+        # hydra reaches JobSet's pods by their hostnames, with the key of Trainer's Secret
+        assert k8s.mpi_cmd()[-1] == (f"{k8s.spec.name}-node-0-0.{k8s.spec.name}.ml.svc:2,"
+                                     f"{k8s.spec.name}-node-0-1.{k8s.spec.name}.ml.svc:2")
+        assert (tmp_path / "ssh" / "id").read_bytes() == f"fake private key of {k8s.spec.name}\n".encode()
+        # the heartbeat's address reaches the launcher job's container as an environment variable
+        [patch] = job["spec"]["runtimePatches"]
+        launcher_pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]
+        env = {e["name"]: e["value"] for e in launcher_pod["template"]["spec"]["containers"][0]["env"]}
+        assert env["JDIST_HEARTBEAT"] == k8s.listener.address and heartbeat.reachable(env["JDIST_HEARTBEAT"], 2.0)
+        assert k8s.cleanup_commands()[0][-2:] == ["--runtime", "trainjob"]
+    finally:
+        k8s.stop()
+    assert fake.list("trainjobs", "ml") == [] and fake.list("pods", "ml") == [] and fake.list("secrets", "ml") == []
 
 
 def test_a_pod_that_cannot_pull_its_image_is_one_error_with_its_output(fake, tmp_path):
@@ -355,13 +439,15 @@ def test_pods_that_are_never_scheduled_give_one_line_at_the_start_timeout(fake, 
 
 @pytest.mark.parametrize("setup, says", [
     (lambda f: f.missing.add("mpijobs"), "Kubernetes has no MPIJob kind (kubeflow.org/v2beta1): --k8s runs the ranks "
-                                         "through the MPI Operator, which must be installed"),
+                                         "through the MPI Operator here, which must be installed"),
     (lambda f: f.forbidden.add("create mpijobs"), "Kubernetes refused to create mpijobs in namespace ml (403 Forbidden): "
                                                   "the kernel's service account needs the Role in docs/kubernetes.md"),
+    (lambda f: f.missing.add("trainjobs"), "Kubernetes has no TrainJob kind (trainer.kubeflow.org/v1alpha1): --k8s runs "
+                                           "the ranks through Kubeflow Trainer here, which must be installed"),
 ])
 def test_what_the_api_refuses_is_one_line_with_the_fix(fake, tmp_path, setup, says):
     setup(fake)
-    k8s, _ = launcher(fake, tmp_path)
+    k8s, _ = launcher(fake, tmp_path, k8s_runtime="trainjob" if "TrainJob" in says else "mpijob")
     try:
         with pytest.raises(ClusterError) as err:
             k8s.probe()

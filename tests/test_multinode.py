@@ -578,8 +578,9 @@ def test_jdist_run_from_a_login_node_across_two_nodes(bed):
 
 def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothing(bed):
     """``--k8s``: the Kubernetes API is a fake (tests/k8sapi.py; no API server can run here), served inside
-    node1 where the kernel runs, as a notebook pod reaches its cluster's API; the MPI Operator and the
-    kubelet are emulated on the bed (PodEmulator): pod i on node i+1, its sshd the node's, its DNS name
+    node1 where the kernel runs, as a notebook pod reaches its cluster's API; the MPI Operator (the
+    notebook's MPIJob), Kubeflow Trainer (jdist run's TrainJob) and the kubelet are emulated on the bed
+    (PodEmulator): pod i on node i+1, its sshd the node's, its DNS name
     in the nodes' /etc/hosts. Everything else is real: the job, the ssh key from its Secret, hydra over
     ssh, the connection file copied over ssh, gloo across the nodes, a lost pod, the reaper, jdist run."""
     from k8sapi import FakeKubernetes, PodEmulator
@@ -597,8 +598,8 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
             out = k.run(f"{line}\nimport os\n{TRAIN}", timeout=240)
             [job] = fake.list("mpijobs", "ml")
             name = job["metadata"]["name"]
-            assert f"Creating job {name} in namespace ml: 2 pod(s) of 1 rank(s)" in out.stdout, out.stdout
-            assert f"in 2 pod(s) of job {name} (namespace ml)" in out.stdout, out.stdout
+            assert f"Creating MPIJob {name} in namespace ml: 2 pod(s) of 1 rank(s)" in out.stdout, out.stdout
+            assert f"in 2 pod(s) of MPIJob {name} (namespace ml)" in out.stdout, out.stdout
             where = check_training(k, 2)
             assert [(r, h) for r, h, *_ in where] == [(0, "node1"), (1, "node2")]
             # the state stays between cells; the job is the one created
@@ -625,11 +626,13 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
             wait_for(lambda: not left_after_kill(bed), timeout=15, interval=0.1,
                      what="nothing left on the nodes after the kernel's SIGKILL")
 
-            # jdist run takes the same options (the front ends share the launcher's); a failure names its host;
-            # the job is deleted when the run ends
-            run_cli(bed, "k8s", tuple(options.split()), {0: "node1", 1: "node2"}, fail=True,
+            # jdist run takes the same options (the front ends share the launcher's), here on the other engine, a
+            # TrainJob (Kubeflow Trainer and JobSet emulated: their pod names, hostnames and Secret); a failure names
+            # its host; the job is deleted when the run ends
+            run_cli(bed, "k8s", (*options.split(), "--k8s-runtime", "trainjob"), {0: "node1", 1: "node2"}, fail=True,
                     env={"KUBECONFIG": str(STATE / "kubeconfig")})
-            assert len(fake.requests_of("POST", "/mpijobs")) == 2 and not fake.list("mpijobs", "ml")
+            assert len(fake.requests_of("POST", "/mpijobs")) == 1 and len(fake.requests_of("POST", "/trainjobs")) == 1
+            assert not fake.list("trainjobs", "ml") and not fake.list("pods", "ml")
         finally:
             k.kc.stop_channels()
             k.km.cleanup_resources()

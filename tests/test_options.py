@@ -42,13 +42,15 @@ def test_every_option_has_a_flag_help_and_scope_and_jdists_own_are_config_fields
     assert restart == {"n", "gpus", "backend", "launcher", "encrypt", "timeout", "port",  # jdist's own
                        "hosts", "hostfile", "ip", "iface", "slurm", "nodes",  # the ssh and slurm launchers'
                        "k8s", "namespace", "image", "pod_python", "pod_cpu", "pod_memory", "node_selector",
-                       "tolerations", "pull_secret", "ssh_user", "ssh_port",  # the k8s launcher's
+                       "tolerations", "pull_secret", "ssh_user", "ssh_port", "k8s_runtime",
+                       "training_runtime",  # the k8s launcher's
                        "framework"}  # the tf backend's
     assert {o.name for o in TABLE.cell} == {o.name for o in CELL_OPTIONS} | {"tensorboard", "mlflow"}
     # each plugin option has its owner: the launchers own theirs, the tracker sinks theirs
     owners = {name: sorted(f"{o.kind}:{o.name}" for o in owned) for name, owned in TABLE.owned.items()}
     k8s = {name: ["launcher:k8s"] for name in ("k8s", "namespace", "image", "pod_python", "pod_cpu", "pod_memory",
-                                                "node_selector", "tolerations", "pull_secret", "ssh_user", "ssh_port")}
+                                                "node_selector", "tolerations", "pull_secret", "ssh_user", "ssh_port",
+                                                "k8s_runtime", "training_runtime")}
     assert owners == {"hosts": ["launcher:ssh"], "hostfile": ["launcher:ssh"], "slurm": ["launcher:slurm"],
                       "nodes": ["launcher:k8s", "launcher:slurm"], "ip": ["launcher:k8s", "launcher:slurm", "launcher:ssh"],
                       "iface": ["launcher:k8s", "launcher:slurm", "launcher:ssh"], **k8s, "tensorboard": ["sink:tensorboard"],

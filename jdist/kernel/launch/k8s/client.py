@@ -1,10 +1,11 @@
 """The calls jdist makes to the Kubernetes API, on the official ``kubernetes`` client (``jdist[k8s]``).
 
-:class:`Jobs` creates a job (:func:`jdist.kernel.launch.k8s.manifests.mpijob`), waits until its
-worker pods are ready (:meth:`Jobs.wait_ready`: a watch of their changes, one progress line per change, one error line for a pod
-that cannot run, with its last log lines), reads the operator's ssh key of the job, and deletes the
-job. The API's refusals become one line that names the fix: the MPI Operator not installed (404 on
-the kind), the service account without the rights of :func:`~.manifests.role` (403).
+:class:`Jobs` creates a job (:func:`jdist.kernel.launch.k8s.manifests.job`: an MPIJob or a TrainJob), waits
+until its worker pods are ready (:meth:`Jobs.wait_ready`: a watch of their changes, one progress line per
+change, one error line for a pod that cannot run, with its last log lines), reads the job's ssh key, and
+deletes the job. The API's refusals become one line that names the fix: the MPI Operator or Kubeflow
+Trainer not installed (404 on the kind), the service account without the rights of
+:func:`~.manifests.role` (403).
 
 Configuration: inside a pod (``KUBERNETES_SERVICE_HOST`` and a service-account token), the pod's own
 service account and namespace; elsewhere the kubeconfig's ``context`` (None: its current one).
@@ -21,8 +22,16 @@ from typing import Any, Callable
 
 from jdist.errors import ClusterError
 
-from .manifests import CLUSTER_LABEL, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, ROLE_LABEL, Owner
-from .pods import PodState, pod_state, summary
+from .manifests import (CLUSTER_LABEL, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, ROLE_LABEL, TRAINER_GROUP,
+                        TRAINER_VERSION, TRAINJOB_PLURAL, Owner)
+from .pods import PodState, pod_index, pod_state, summary
+
+#: Per ``--k8s-runtime``: the job's API group, version, plural, kind, the engine that makes its pods, and the
+#: suffix of the Secret with its ssh key.
+KINDS = {
+    "mpijob": (MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, "MPIJob", "the MPI Operator", "-ssh"),
+    "trainjob": (TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL, "TrainJob", "Kubeflow Trainer", "-mpi-ssh-auth"),
+}
 
 #: Where a pod finds its service account (in-cluster configuration).
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -43,7 +52,9 @@ class Jobs:
     """One namespace's jdist jobs (see the module doc). ``api_client``: a configured
     ``kubernetes.client.ApiClient`` (tests point one at a mock API server); None: in-cluster or kubeconfig."""
 
-    def __init__(self, namespace: str | None = None, context: str | None = None, api_client: Any = None) -> None:
+    def __init__(self, namespace: str | None = None, context: str | None = None, api_client: Any = None,
+                 runtime: str = "mpijob") -> None:
+        self.group, self.version, self.plural, self.kind, self.engine, self.secret_suffix = KINDS[runtime]
         try:
             from kubernetes import client, config
         except ImportError:
@@ -72,10 +83,16 @@ class Jobs:
             return ClusterError(f"Kubernetes refused to {doing} in namespace {self.namespace} (403 Forbidden): the "
                                 "kernel's service account needs the Role in docs/kubernetes.md "
                                 "(jdist.kernel.launch.k8s.manifests.role).")
-        if status == 404 and "mpijobs" in doing:
-            return ClusterError(f"Kubernetes has no MPIJob kind ({MPIJOB_GROUP}/{MPIJOB_VERSION}): --k8s runs the ranks "
-                                "through the MPI Operator, which must be installed in the cluster "
-                                "(docs/kubernetes.md).")
+        if status == 404 and self.plural in doing:
+            return ClusterError(f"Kubernetes has no {self.kind} kind ({self.group}/{self.version}): --k8s runs the ranks "
+                                f"through {self.engine} here, which must be installed in the cluster "
+                                "(docs/kubernetes.md; --k8s-runtime chooses between the MPI Operator and Kubeflow "
+                                "Trainer).")
+        if self.kind == "TrainJob" and "TrainingRuntime" in _message(body):
+            return ClusterError(f"Kubernetes could not {doing} in namespace {self.namespace}: {_message(body)}. Install "
+                                "jdist's runtime for your image: python -m jdist.kernel.launch.k8s.manifests runtime "
+                                "--image IMAGE | kubectl apply -f - (docs/kubernetes.md), or name yours with "
+                                "--training-runtime.")
         return ClusterError(f"Kubernetes could not {doing} in namespace {self.namespace}: {status} {_message(body)}")
 
     def _call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -99,23 +116,23 @@ class Jobs:
         return Owner(name=pod.metadata.name, uid=pod.metadata.uid, namespace=self.namespace)
 
     def create(self, job: dict[str, Any]) -> None:
-        """Create ``job`` (an MPIJob)."""
-        self._call("create mpijobs", self.custom.create_namespaced_custom_object, MPIJOB_GROUP, MPIJOB_VERSION,
-                   self.namespace, MPIJOB_PLURAL, job)
+        """Create ``job`` (of this runtime's kind)."""
+        self._call(f"create {self.plural}", self.custom.create_namespaced_custom_object, self.group, self.version,
+                   self.namespace, self.plural, job)
 
     def delete(self, name: str) -> bool:
         """Delete the job ``name`` and, through it, its pods (background propagation); False if it was gone."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.custom.delete_namespaced_custom_object(MPIJOB_GROUP, MPIJOB_VERSION, self.namespace, MPIJOB_PLURAL,
+            self.custom.delete_namespaced_custom_object(self.group, self.version, self.namespace, self.plural,
                                                         name, propagation_policy="Background",
                                                         _request_timeout=REQUEST_TIMEOUT)
             return True
         except ApiException as exc:
             if exc.status == 404:
                 return False
-            raise self._refused(exc, f"delete mpijobs {name}") from None
+            raise self._refused(exc, f"delete {self.plural} {name}") from None
 
     # -- its pods ---------------------------------------------------------------------------
     def _selector(self, name: str) -> str:
@@ -129,15 +146,12 @@ class Jobs:
         raw = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=self._selector(name),
                          _preload_content=False)
         body = json.loads(raw.data)
-        pods = sorted(body.get("items") or [], key=lambda p: _index(p["metadata"]["name"]))
+        pods = sorted(body.get("items") or [], key=pod_index)
         return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
 
     def workers(self, name: str) -> list[dict[str, Any]]:
         """The job's worker pods (JSON field names), by index."""
         return self._list_workers(name)[0]
-
-    def states(self, name: str) -> list[PodState]:
-        return [pod_state(p) for p in self.workers(name)]
 
     def log_tail(self, pod: str, lines: int = LOG_LINES) -> str:
         """The last ``lines`` lines a pod's container printed ("" if none can be read)."""
@@ -167,7 +181,7 @@ class Jobs:
         said = [""]
 
         def ordered(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-            return [found[k] for k in sorted(found, key=_index)]
+            return sorted(found.values(), key=pod_index)
 
         def done(found: dict[str, dict[str, Any]]) -> bool:
             states = [pod_state(p) for p in ordered(found)]
@@ -176,7 +190,7 @@ class Jobs:
                 raise self.failure(failed)
             if len(states) >= pods and all(s.ready for s in states):
                 return True
-            line = f"  {summary(states, pods) if states else 'waiting for the MPI Operator to create the pods'}"
+            line = f"  {summary(states, pods) if states else f'waiting for {self.engine} to create the pods'}"
             if line != said[0]:
                 say(f"{line} ({time.monotonic() - t0:.0f} s)")
                 said[0] = line
@@ -224,11 +238,12 @@ class Jobs:
                 w.stop()
 
     def ssh_key(self, name: str) -> bytes:
-        """The private key the MPI Operator made for the job (its Secret ``<job>-ssh``)."""
-        secret = self._call(f"read secrets {name}-ssh", self.core.read_namespaced_secret, f"{name}-ssh", self.namespace)
+        """The private key the engine made for the job (its Secret ``<job>-ssh`` or ``<job>-mpi-ssh-auth``)."""
+        secret_name = name + self.secret_suffix
+        secret = self._call(f"read secrets {secret_name}", self.core.read_namespaced_secret, secret_name, self.namespace)
         data = secret.data or {}
         if "ssh-privatekey" not in data:
-            raise ClusterError(f"Secret {name}-ssh has no ssh-privatekey: is the MPI Operator v2 running?")
+            raise ClusterError(f"Secret {secret_name} has no ssh-privatekey: is {self.engine} running?")
         return base64.b64decode(data["ssh-privatekey"])
 
 
@@ -254,11 +269,6 @@ def default_namespace(context: str | None = None) -> str:
         return "default"
 
 
-def _index(pod_name: str) -> int:
-    tail = pod_name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
-
-
 def _message(body: Any) -> str:
     """The ``message`` of an API error's Status body (JSON), else the body as it is, on one line."""
     import json
@@ -270,8 +280,8 @@ def _message(body: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m jdist.kernel.launch.k8s.client delete NAMESPACE JOB [--context C]``: what the reaper runs
-    when the kernel died (:meth:`jdist.kernel.launch.k8s.launcher.KubernetesLauncher.cleanup_commands`)."""
+    """``python -m jdist.kernel.launch.k8s.client delete NAMESPACE JOB [--context C] [--runtime trainjob]``: what
+    the reaper runs when the kernel died (:meth:`jdist.kernel.launch.k8s.launcher.KubernetesLauncher.cleanup_commands`)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m jdist.kernel.launch.k8s.client")
@@ -279,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("namespace")
     ap.add_argument("job")
     ap.add_argument("--context", default=None)
+    ap.add_argument("--runtime", choices=sorted(KINDS), default="mpijob")
     args = ap.parse_args(argv)
     try:
-        gone = not Jobs(args.namespace, args.context).delete(args.job)
+        gone = not Jobs(args.namespace, args.context, runtime=args.runtime).delete(args.job)
     except ClusterError as exc:
         print(f"jdist: {exc}", file=sys.stderr)
         return 1

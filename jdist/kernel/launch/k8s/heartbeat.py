@@ -82,12 +82,20 @@ def watch(address: str, grace: float, interval: float = INTERVAL_S,
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from .manifests import GRACE_ENV, HEARTBEAT_ENV
+
     ap = argparse.ArgumentParser(prog="python -m jdist.kernel.launch.k8s.heartbeat",
                                  description="End this job once the jdist kernel at HOST:PORT is gone.")
-    ap.add_argument("address", metavar="HOST:PORT")
-    ap.add_argument("--grace", type=float, default=60.0, help="seconds without an answer before the job ends")
+    ap.add_argument("address", metavar="HOST:PORT", nargs="?", default=os.environ.get(HEARTBEAT_ENV),
+                    help=f"the kernel's heartbeat listener (default: ${HEARTBEAT_ENV}, as a TrainJob sets it)")
+    ap.add_argument("--grace", type=float, default=float(os.environ.get(GRACE_ENV) or 60.0),
+                    help=f"seconds without an answer before the job ends (default: ${GRACE_ENV}, else 60)")
     ap.add_argument("--interval", type=float, default=INTERVAL_S, help="seconds between two connects")
     args = ap.parse_args(argv)
+    if not args.address:
+        ap.error(f"give HOST:PORT or set {HEARTBEAT_ENV}")
     return watch(args.address, args.grace, args.interval)
 
 

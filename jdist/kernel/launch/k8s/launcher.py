@@ -1,14 +1,15 @@
-"""``--k8s``: the ranks in pods of an ``MPIJob`` (the MPI Operator), started over ssh as ``--hosts`` does.
+"""``--k8s``: the ranks in pods of an ``MPIJob`` (the MPI Operator) or, with ``--k8s-runtime trainjob``, a
+``TrainJob`` (Kubeflow Trainer v2), started over ssh as ``--hosts`` does.
 
 What happens at the start of a cluster (:meth:`KubernetesLauncher.probe`, then the engines):
 
 1. the kernel opens its heartbeat listener (:mod:`.heartbeat`) on the address the pods reach it at;
-2. it creates the job (:func:`.manifests.mpijob`): ``-N`` worker pods of ``n / N`` ranks each, running
+2. it creates the job (:func:`.manifests.job`): ``-N`` worker pods of ``n / N`` ranks each, running
    sshd from ``--image``, and the heartbeat pod; owned by the kernel's pod when it runs in one;
 3. it waits, with a progress line per change, until the workers are ready (``--start-timeout``); a pod
    that cannot run (image pull, unschedulable at the timeout, OOMKilled, evicted...) is one error line
    with its last log lines, and the job is deleted;
-4. it reads the job's ssh key (the operator's Secret) into the cluster's private folder, copies the
+4. it reads the job's ssh key (the engine's Secret) into the cluster's private folder, copies the
    controller's connection file to each pod over ssh (the session key never travels in clear), and
    MPICH's hydra starts the engines over ssh (``-launcher-exec``: jdist's ssh configuration).
 
@@ -40,6 +41,7 @@ from ..mpi import engine_set_launcher, mpiexec_path
 from ..remote import IFACE, IP, NODES, PROBE_TIMEOUT_S, RemoteMPILauncher
 from . import heartbeat, manifests
 from .client import Jobs, in_cluster
+from .pods import pod_index, pod_state
 
 K8S = Option("k8s", ("--k8s",), "Run the ranks in pods on Kubernetes, through the MPI Operator (an MPIJob): in the "
              "cluster the kernel's pod runs in, or in the kubeconfig's context given (docs/kubernetes.md).",
@@ -67,6 +69,12 @@ SSH_USER = Option("ssh_user", ("--ssh-user",), "With --k8s: the user sshd lets i
                   "the job's key).", Scope.RESTART, type=str, metavar="USER", default="root")
 SSH_PORT = Option("ssh_port", ("--ssh-port",), "With --k8s: the port the pods' sshd listens on (default 22).",
                   Scope.RESTART, type=int, metavar="PORT", default=22)
+K8S_RUNTIME = Option("k8s_runtime", ("--k8s-runtime",), "With --k8s: what makes the pods: mpijob (the MPI Operator, "
+                     "the default) or trainjob (Kubeflow Trainer v2, on --training-runtime).", Scope.RESTART, type=str,
+                     choices=manifests.RUNTIMES, metavar="KIND", default="mpijob")
+TRAINING_RUNTIME = Option("training_runtime", ("--training-runtime",), "With --k8s-runtime trainjob: the "
+                          "ClusterTrainingRuntime to run on (default jdist; docs/kubernetes.md says how to install it).",
+                          Scope.RESTART, type=str, metavar="NAME", default=manifests.DEFAULT_TRAINING_RUNTIME)
 #: Seconds to wait for the controller's connection file before copying it to the pods.
 CONNECTION_FILE_WAIT_S = 30.0
 #: Seconds the heartbeat pod waits, without an answer from the kernel, before it ends the job.
@@ -79,7 +87,7 @@ class KubernetesLauncher(RemoteMPILauncher):
     name = "k8s"
     program = "mpiexec (hydra over ssh, in Kubernetes pods)"
     options = (K8S, NAMESPACE, IMAGE, NODES, POD_PYTHON, POD_CPU, POD_MEMORY, NODE_SELECTOR, TOLERATIONS, PULL_SECRET,
-               SSH_USER, SSH_PORT, IP, IFACE)
+               SSH_USER, SSH_PORT, K8S_RUNTIME, TRAINING_RUNTIME, IP, IFACE)
 
     @classmethod
     def check(cls, config: ClusterConfig) -> None:
@@ -92,6 +100,8 @@ class KubernetesLauncher(RemoteMPILauncher):
                              "docs/kubernetes.md has a Dockerfile), or set it in a --cluster profile.")
         if config.get("namespace"):
             manifests.check_name(config.get("namespace"), "--namespace")
+        if config.get("training_runtime"):
+            manifests.check_name(config.get("training_runtime"), "--training-runtime")
         manifests.parse_node_selector(config.get("node_selector"))
         manifests.parse_tolerations(config.get("tolerations"))
         super().check(config)
@@ -107,7 +117,8 @@ class KubernetesLauncher(RemoteMPILauncher):
     # -- starting ---------------------------------------------------------------------------
     def where(self) -> str:
         spec = self.spec
-        return f" in {spec.pods} pod(s) of job {spec.name} (namespace {spec.namespace})" if spec else " in pods"
+        return (f" in {spec.pods} pod(s) of {self.jobs.kind if self.jobs else 'job'} {spec.name} "
+                f"(namespace {spec.namespace})") if spec else " in pods"
 
     def choose_address(self) -> str:
         """``--ip``/``--iface``; else the address of the route to the API server (in a pod: its own address)."""
@@ -137,7 +148,9 @@ class KubernetesLauncher(RemoteMPILauncher):
         if shutil.which("ssh") is None:
             raise ClusterError("--k8s starts the ranks in the pods over ssh, and no ssh client is installed here "
                                "(Debian: apt-get install openssh-client).")
-        self.jobs = Jobs(self.option("namespace"), self.option("k8s") or None, api_client=self.api_client)
+        runtime = self.option("k8s_runtime") or "mpijob"
+        self.jobs = Jobs(self.option("namespace"), self.option("k8s") or None, api_client=self.api_client,
+                         runtime=runtime)
         self._address = self.choose_address()
         self.listener = heartbeat.Listener(self._address)
         pods = self.option("nodes") or 1
@@ -149,10 +162,12 @@ class KubernetesLauncher(RemoteMPILauncher):
             tolerations=manifests.parse_tolerations(self.option("tolerations")),
             image_pull_secrets=tuple(s.strip() for s in (self.option("pull_secret") or "").split(",") if s.strip()),
             ssh_user=self.option("ssh_user"), ssh_port=self.option("ssh_port"), python=self.option("pod_python"),
-            heartbeat_grace_s=HEARTBEAT_GRACE_S, owner=self.jobs.own_pod())
-        self.say(f"Creating job {self.spec.name} in namespace {self.spec.namespace}: {pods} pod(s) of "
-                 f"{self.spec.ranks_per_pod} rank(s), image {self.spec.image}...")
-        self.jobs.create(manifests.mpijob(self.spec))
+            heartbeat_grace_s=HEARTBEAT_GRACE_S, owner=self.jobs.own_pod(), runtime=runtime,
+            training_runtime=self.option("training_runtime") or manifests.DEFAULT_TRAINING_RUNTIME)
+        on = f" on {self.spec.training_runtime}" if runtime == "trainjob" else ""
+        self.say(f"Creating {self.jobs.kind} {self.spec.name}{on} in namespace {self.spec.namespace}: {pods} pod(s) "
+                 f"of {self.spec.ranks_per_pod} rank(s), image {self.spec.image}...")
+        self.jobs.create(manifests.job(self.spec))
         self.created = True
         self.jobs.wait_ready(self.spec.name, pods, self.config.start_timeout, self.say)
         self._write_ssh(self.jobs.ssh_key(self.spec.name))
@@ -238,23 +253,25 @@ class KubernetesLauncher(RemoteMPILauncher):
         if out.exit_code is not None or self.jobs is None or self.spec is None:
             return out
         try:
-            failed = next((s for s in self.jobs.states(self.spec.name) if s.failed), None)
+            failed = next(((state, pod_index(p)) for p in self.jobs.workers(self.spec.name)
+                           if (state := pod_state(p)).failed), None)
         except ClusterError:
             return out
         if failed is None:
             return out
-        tail = self.jobs.log_tail(failed.name)
-        index = failed.name.rsplit("-", 1)[-1]
+        state, index = failed
+        tail = self.jobs.log_tail(state.name)
         # hydra places ranks in the order of -hosts: pod i holds ranks i*k .. i*k+k-1 (k ranks per pod)
-        rank = int(index) * self.spec.ranks_per_pod if index.isdigit() else out.rank
-        return RankDeath(rank, failed.failed or out.cause, (tail + "\n" + out.detail).strip()[-2000:], None)
+        return RankDeath(index * self.spec.ranks_per_pod, state.failed or out.cause,
+                         (tail + "\n" + out.detail).strip()[-2000:], None)
 
     def cleanup_commands(self) -> list[list[str]]:
         """What the reaper runs if the kernel dies: delete the job (the heartbeat pod would, a minute later)."""
         if self.spec is None:
             return []
         return [[sys.executable, "-m", "jdist.kernel.launch.k8s.client", "delete", self.spec.namespace, self.spec.name,
-                 *([f"--context={self.option('k8s')}"] if self.option("k8s") else [])]]
+                 *([f"--context={self.option('k8s')}"] if self.option("k8s") else []),
+                 *(["--runtime", self.spec.runtime] if self.spec.runtime != "mpijob" else [])]]
 
     def stop(self) -> None:
         """Delete the job (its pods go with it) and close the heartbeat listener."""

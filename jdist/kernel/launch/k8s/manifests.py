@@ -1,5 +1,9 @@
 """What jdist creates on Kubernetes, built from a :class:`JobSpec` by pure functions (no API calls).
 
+Two engines run the same pods (``JobSpec.runtime``, ``--k8s-runtime``): the MPI Operator's ``MPIJob``
+(:func:`mpijob`, the default) and Kubeflow Trainer v2's ``TrainJob`` on a jdist ``ClusterTrainingRuntime``
+(:func:`trainjob`, :func:`training_runtime`; see the end of this doc). :func:`job` builds the one asked for.
+
 :func:`mpijob` is a ``kubeflow.org/v2beta1`` ``MPIJob`` of the MPI Operator (``mpiImplementation:
 MPICH``, the MPI jdist's ranks use):
 
@@ -21,6 +25,18 @@ MPICH``, the MPI jdist's ranks use):
 Names follow DNS-1123 labels (:func:`job_name`). The :func:`role` is what the notebook's service
 account needs for all this (docs/kubernetes.md).
 
+:func:`trainjob` is a ``trainer.kubeflow.org/v1alpha1`` ``TrainJob`` (Trainer v2.3) on the
+``ClusterTrainingRuntime`` an administrator installs once per image (:func:`training_runtime`; jdist
+cannot create it: it is cluster-scoped). Trainer makes a JobSet of it: ``numNodes`` pods of the
+``node`` job (the workers, sshd as above; the TrainJob's ``trainer`` sets their image, command and
+resources) and one of the ``launcher`` job (the heartbeat; its address comes from the TrainJob, as an
+environment variable, through a ``runtimePatches`` entry that also places the workers and labels the
+pods as jdist's). Trainer's MPI plugin accepts ``OpenMPI`` only; the runtime says so, which only sets
+environment variables of the launcher that jdist does not read: the kernel starts the ranks with its
+own MPICH over ssh with the job's key (Secret ``<job>-mpi-ssh-auth``). The workers are
+``<job>-node-0-<i>.<job>.<namespace>.svc`` (JobSet's pod hostnames and headless Service). When the
+heartbeat ends, the launcher job succeeds, so does the JobSet, and JobSet deletes the workers.
+
 Example:
     >>> spec = JobSpec(name="jdist-c1", namespace="ml", image="registry.example/jdist:1", pods=2,
     ...                ranks_per_pod=4, gpus=True, heartbeat="10.0.3.7:41000")
@@ -36,11 +52,20 @@ Example:
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 #: The API group and version of the MPI Operator's job, and its kind's plural (the REST path).
 MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+#: Kubeflow Trainer v2's job and runtime (the same group and version).
+TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+#: ``--k8s-runtime``: which engine makes the pods.
+RUNTIMES = ("mpijob", "trainjob")
+#: The ClusterTrainingRuntime a TrainJob uses unless ``--training-runtime`` names another.
+DEFAULT_TRAINING_RUNTIME = "jdist"
+#: The TrainJob's environment variables for the heartbeat (``python -m jdist.kernel.launch.k8s.heartbeat``).
+HEARTBEAT_ENV, GRACE_ENV = "JDIST_HEARTBEAT", "JDIST_HEARTBEAT_GRACE"
 #: Labels on everything jdist creates (``kubectl get mpijobs -l app.kubernetes.io/managed-by=jdist``).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "jdist"}
 CLUSTER_LABEL = "jdist.dev/cluster"
@@ -50,9 +75,9 @@ ROLE_LABEL = "jdist.dev/role"
 WORKER_CONTAINER, LAUNCHER_CONTAINER = "rank", "heartbeat"
 #: The heartbeat pod's resources: a Python process that sleeps between TCP connects.
 HEARTBEAT_RESOURCES = {"requests": {"cpu": "10m", "memory": "48Mi"}, "limits": {"memory": "128Mi"}}
-#: Kubernetes' limits on names: a DNS-1123 label (Services, pod hostnames) is at most 63 characters,
-#: and the operator's worker pods are named ``<job>-worker-<index>``.
-MAX_JOB_NAME = 63 - len("-worker-") - 5
+#: Kubernetes' limits on names: a DNS-1123 label (Services, pod hostnames) is at most 63 characters; the
+#: operator's worker pods are named ``<job>-worker-<index>``, JobSet's ``<job>-launcher-0-<index>``.
+MAX_JOB_NAME = 63 - len("-launcher-0-") - 5
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([+]?[0-9.]+)([eE][-+]?[0-9]+|[numkMGTPE]i?|Ki)?$")
@@ -101,9 +126,14 @@ class JobSpec:
     ttl_after_finished_s: int = 60
     owner: Owner | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    runtime: str = "mpijob"
+    training_runtime: str = DEFAULT_TRAINING_RUNTIME
 
     def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"--k8s-runtime {self.runtime!r}: use {' or '.join(RUNTIMES)}.")
         check_name(self.name, "the job name")
+        check_name(self.training_runtime, "--training-runtime")
         check_name(self.namespace, "--namespace")
         if not self.image:
             raise ValueError("--image: give the ranks' container image (jdist, sshd and your libraries; "
@@ -208,8 +238,19 @@ def parse_tolerations(text: str | None) -> tuple[dict[str, str], ...]:
 
 
 def worker_hosts(spec: JobSpec) -> list[str]:
-    """The workers' DNS names, as the operator names them (pod hostname, the job's headless Service)."""
-    return [f"{spec.name}-worker-{i}.{spec.name}.{spec.namespace}.svc" for i in range(spec.pods)]
+    """The workers' DNS names, as the operator or JobSet names them (pod hostname, the job's headless Service)."""
+    prefix = f"{spec.name}-worker-" if spec.runtime == "mpijob" else f"{spec.name}-node-0-"
+    return [f"{prefix}{i}.{spec.name}.{spec.namespace}.svc" for i in range(spec.pods)]
+
+
+def ssh_secret(spec: JobSpec) -> str:
+    """The Secret with the job's ssh key, as the operator or Trainer names it."""
+    return f"{spec.name}-ssh" if spec.runtime == "mpijob" else f"{spec.name}-mpi-ssh-auth"
+
+
+def job(spec: JobSpec) -> dict[str, Any]:
+    """The job for ``spec``: :func:`mpijob` or :func:`trainjob`."""
+    return mpijob(spec) if spec.runtime == "mpijob" else trainjob(spec)
 
 
 def _metadata(spec: JobSpec) -> dict[str, Any]:
@@ -246,19 +287,30 @@ def _worker_resources(spec: JobSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
+def _sshd(port: int) -> list[str]:
+    return ["/usr/sbin/sshd", "-De", "-p", str(port)]
+
+
+def _shm(spec: JobSpec) -> dict[str, Any]:
+    """A memory-backed ``/dev/shm`` as large as the pod's memory limit."""
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.memory is not None:
+        shm["sizeLimit"] = str(spec.memory)
+    return {"name": "dshm", "emptyDir": shm}
+
+
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
 def _worker(spec: JobSpec) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": WORKER_CONTAINER, "image": spec.image,
-                                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+    container: dict[str, Any] = {"name": WORKER_CONTAINER, "image": spec.image, "volumeMounts": [dict(SHM_MOUNT)]}
     if spec.ssh_port != 22:  # otherwise the operator's default command: /usr/sbin/sshd -De
-        container["command"] = ["/usr/sbin/sshd", "-De", "-p", str(spec.ssh_port)]
+        container["command"] = _sshd(spec.ssh_port)
     container["readinessProbe"] = {"tcpSocket": {"port": spec.ssh_port}, "periodSeconds": 2}
     resources = _worker_resources(spec)
     if resources:
         container["resources"] = resources
-    shm: dict[str, Any] = {"medium": "Memory"}
-    if spec.memory is not None:
-        shm["sizeLimit"] = str(spec.memory)
-    pod = {"containers": [container], "volumes": [{"name": "dshm", "emptyDir": shm}], **_placement(spec, True)}
+    pod = {"containers": [container], "volumes": [_shm(spec)], **_placement(spec, True)}
     return {"replicas": spec.pods, "restartPolicy": "Never",
             "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: "worker"}},
                          "spec": pod}}
@@ -292,13 +344,80 @@ def mpijob(spec: JobSpec) -> dict[str, Any]:
     }
 
 
+def _labels(spec: JobSpec, role: str) -> dict[str, str]:
+    return {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: role}
+
+
+def trainjob(spec: JobSpec) -> dict[str, Any]:
+    """The ``TrainJob`` for ``spec`` on its ``training_runtime`` (see the module doc)."""
+    trainer: dict[str, Any] = {"image": spec.image, "command": _sshd(spec.ssh_port), "numNodes": spec.pods,
+                               "numProcPerNode": spec.ranks_per_pod}
+    resources = _worker_resources(spec)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    node = {"metadata": {"labels": _labels(spec, "worker")},
+            "spec": {"containers": [{"name": "node", "volumeMounts": [dict(SHM_MOUNT)]}], "volumes": [_shm(spec)],
+                     **_placement(spec, True)}}
+    launcher = {"metadata": {"labels": _labels(spec, "heartbeat")},
+                "spec": {"containers": [{"name": "launcher", "env": [
+                    {"name": HEARTBEAT_ENV, "value": spec.heartbeat},
+                    {"name": GRACE_ENV, "value": str(spec.heartbeat_grace_s)}]}], **_placement(spec, False)}}
+    patch = {"manager": "jdist.dev/launcher", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": node}}},
+        {"name": "launcher", "template": {"spec": {"template": launcher}}}]}}}}
+    return {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainJob",
+        "metadata": _metadata(spec),
+        "spec": {"runtimeRef": {"name": spec.training_runtime, "apiGroup": TRAINER_GROUP,
+                                "kind": "ClusterTrainingRuntime"},
+                 "trainer": trainer, "runtimePatches": [patch]},
+    }
+
+
+def training_runtime(image: str, name: str = DEFAULT_TRAINING_RUNTIME, ssh_user: str = "root", ssh_port: int = 22,
+                     python: str = "python3") -> dict[str, Any]:
+    """The ``ClusterTrainingRuntime`` :func:`trainjob` runs on: install it once per image
+    (``python -m jdist.kernel.launch.k8s.manifests runtime --image IMAGE | kubectl apply -f -``). The
+    workers' image, command and resources come from each TrainJob; the launcher runs the heartbeat from
+    ``image`` (a small pod). ``ssh_user`` and ``ssh_port`` must be the ones the notebooks give with
+    ``--ssh-user`` and ``--ssh-port`` (the runtime mounts the key and probes sshd there)."""
+    check_name(name, "--training-runtime")
+    ssh_dir = "/root/.ssh" if ssh_user == "root" else f"/home/{ssh_user}/.ssh"
+    node = {"containers": [{"name": "node", "image": image, "command": _sshd(ssh_port),
+                            "readinessProbe": {"tcpSocket": {"port": ssh_port}, "periodSeconds": 2}}]}
+    launcher = {"containers": [{"name": "launcher", "image": image,
+                                "command": [python, "-m", "jdist.kernel.launch.k8s.heartbeat"],
+                                "resources": {k: dict(v) for k, v in HEARTBEAT_RESOURCES.items()}}]}
+    return {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name, "labels": {**MANAGED_BY, "trainer.kubeflow.org/framework": "mpi"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "mpi": {"numProcPerNode": 1, "mpiImplementation": "OpenMPI",
+                                                "sshAuthMountPath": ssh_dir, "runLauncherAsNode": False}},
+            "template": {"spec": {
+                "network": {"publishNotReadyAddresses": True},
+                "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
+                "replicatedJobs": [
+                    {"name": "launcher", "template": {
+                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", **launcher}}}}},
+                    {"name": "node", "template": {
+                        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", **node}}}}},
+                ]}},
+        },
+    }
+
+
 #: What the kernel's service account does, by resource: (API group, resource, verbs).
 RBAC_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (MPIJOB_GROUP, MPIJOB_PLURAL, ("create", "get", "list", "watch", "delete")),
+    (TRAINER_GROUP, TRAINJOB_PLURAL, ("create", "get", "list", "watch", "delete")),  # --k8s-runtime trainjob
     ("", "pods", ("get", "list", "watch")),  # the workers' phases and conditions; the kernel's own pod (owner)
     ("", "pods/log", ("get",)),  # a failed pod's last lines in the error
     ("", "events", ("list", "watch")),  # why a pod does not start (Unschedulable, image pull)
-    ("", "secrets", ("get",)),  # the operator's ssh key of the job (<job>-ssh), to start the ranks over ssh
+    ("", "secrets", ("get",)),  # the job's ssh key (<job>-ssh, <job>-mpi-ssh-auth), to start the ranks over ssh
 )
 
 
@@ -325,5 +444,46 @@ def role_binding(namespace: str, service_account: str, name: str = "jdist") -> d
     }
 
 
-__all__ = ["CLUSTER_LABEL", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "ROLE_LABEL", "JobSpec", "Owner", "check_name",
-           "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role", "role_binding", "worker_hosts"]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m jdist.kernel.launch.k8s.manifests runtime --image IMAGE [--name N] ...``: print the
+    :func:`training_runtime` (YAML) for ``kubectl apply -f -``, or ``role --namespace NS`` the Role and
+    RoleBinding a notebook's service account needs."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m jdist.kernel.launch.k8s.manifests")
+    sub = ap.add_subparsers(dest="what", required=True)
+    rt = sub.add_parser("runtime", help="the ClusterTrainingRuntime for --k8s-runtime trainjob")
+    rt.add_argument("--image", required=True)
+    rt.add_argument("--name", default=DEFAULT_TRAINING_RUNTIME)
+    rt.add_argument("--ssh-user", default="root")
+    rt.add_argument("--ssh-port", type=int, default=22)
+    rt.add_argument("--pod-python", default="python3")
+    rb = sub.add_parser("role", help="the Role and RoleBinding of a notebook's service account")
+    rb.add_argument("--namespace", required=True)
+    rb.add_argument("--service-account", default="default")
+    args = ap.parse_args(argv)
+    try:
+        if args.what == "runtime":
+            docs = [training_runtime(args.image, args.name, args.ssh_user, args.ssh_port, args.pod_python)]
+        else:
+            docs = [role(args.namespace), role_binding(args.namespace, args.service_account)]
+    except ValueError as exc:
+        print(f"jdist: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import yaml  # the kubernetes client's dependency
+    except ImportError:  # JSON is YAML too: kubectl apply -f - reads either
+        print("\n---\n".join(json.dumps(d, indent=2) for d in docs))
+    else:
+        print(yaml.safe_dump_all(docs, sort_keys=False), end="")
+    return 0
+
+
+__all__ = ["CLUSTER_LABEL", "DEFAULT_TRAINING_RUNTIME", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "ROLE_LABEL",
+           "RUNTIMES", "TRAINER_GROUP", "TRAINER_VERSION", "TRAINJOB_PLURAL", "JobSpec", "Owner", "check_name", "job",
+           "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role", "role_binding", "ssh_secret",
+           "training_runtime", "trainjob", "worker_hosts"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -114,6 +114,27 @@ def _terminated(status: dict[str, Any]) -> str | None:
     return None
 
 
+#: The label a Job's indexed pods carry (JobSet's, so a TrainJob's workers): the pod's index in its job.
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def pod_index(pod: dict[str, Any]) -> int:
+    """A worker pod's index: its :data:`INDEX_LABEL`, else the number its name ends with (the MPI
+    Operator's ``<job>-worker-<i>``), else 0.
+
+    >>> pod_index({"metadata": {"name": "j-worker-3"}})
+    3
+    >>> pod_index({"metadata": {"name": "j-node-0-1-x7b2q", "labels": {INDEX_LABEL: "1"}}})
+    1
+    """
+    meta = pod.get("metadata") or {}
+    label = (meta.get("labels") or {}).get(INDEX_LABEL, "")
+    if label.isdigit():
+        return int(label)
+    tail = str(meta.get("name", "")).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 def summary(states: list[PodState], expected: int | None = None) -> str:
     """The progress line's part for the pods: how many of the ``expected`` (default: those seen) are ready,
     and the first reason the others wait.
@@ -127,4 +148,4 @@ def summary(states: list[PodState], expected: int | None = None) -> str:
             + (f"; {waiting.name}: {waiting.waiting}" if waiting else ""))
 
 
-__all__ = ["PodState", "pod_state", "summary"]
+__all__ = ["INDEX_LABEL", "PodState", "pod_index", "pod_state", "summary"]
