@@ -205,6 +205,8 @@ def test_an_owner_in_another_namespace_is_left_out():
     ({"cpu": "four"}, "--pod-cpu 'four' is not a Kubernetes quantity"),
     ({"memory": "16GB"}, "--pod-memory '16GB' is not a Kubernetes quantity"),
     ({"ssh_port": 70000}, "--ssh-port 70000"),
+    ({"runtime": "jobset"}, "--k8s-runtime 'jobset': use mpijob or trainjob"),
+    ({"training_runtime": "h100"}, "--training-runtime h100: a TrainJob's runtime; add --k8s-runtime trainjob"),
 ])
 def test_bad_settings_get_one_line_with_the_fix(changes, message):
     values = dict(name="jdist-c4", namespace="ml", image="i", pods=1, ranks_per_pod=1, heartbeat="h:1") | changes

@@ -43,8 +43,9 @@ from . import heartbeat, manifests
 from .client import Jobs, in_cluster
 from .pods import pod_index, pod_state
 
-K8S = Option("k8s", ("--k8s",), "Run the ranks in pods on Kubernetes, through the MPI Operator (an MPIJob): in the "
-             "cluster the kernel's pod runs in, or in the kubeconfig's context given (docs/kubernetes.md).",
+K8S = Option("k8s", ("--k8s",), "Run the ranks in pods on Kubernetes, through the MPI Operator (an MPIJob) or "
+             "Kubeflow Trainer (--k8s-runtime trainjob): in the cluster the kernel's pod runs in, or in the "
+             "kubeconfig's context given (docs/kubernetes.md).",
              Scope.RESTART, type=str, metavar="CONTEXT", const="", implies=True)
 NAMESPACE = Option("namespace", ("--namespace",), "With --k8s: the job's namespace (default: the kernel's pod's, or "
                    "the kubeconfig context's).", Scope.RESTART, type=str, metavar="NS")
@@ -100,8 +101,11 @@ class KubernetesLauncher(RemoteMPILauncher):
                              "docs/kubernetes.md has a Dockerfile), or set it in a --cluster profile.")
         if config.get("namespace"):
             manifests.check_name(config.get("namespace"), "--namespace")
-        if config.get("training_runtime"):
-            manifests.check_name(config.get("training_runtime"), "--training-runtime")
+        runtime = config.get("training_runtime") or manifests.DEFAULT_TRAINING_RUNTIME
+        manifests.check_name(runtime, "--training-runtime")
+        if runtime != manifests.DEFAULT_TRAINING_RUNTIME and config.get("k8s_runtime") != "trainjob":
+            raise ValueError(f"--training-runtime {runtime}: a TrainJob's runtime; add --k8s-runtime trainjob (or "
+                             "leave --training-runtime out for an MPIJob).")
         manifests.parse_node_selector(config.get("node_selector"))
         manifests.parse_tolerations(config.get("tolerations"))
         super().check(config)

@@ -134,6 +134,9 @@ class JobSpec:
             raise ValueError(f"--k8s-runtime {self.runtime!r}: use {' or '.join(RUNTIMES)}.")
         check_name(self.name, "the job name")
         check_name(self.training_runtime, "--training-runtime")
+        if self.runtime != "trainjob" and self.training_runtime != DEFAULT_TRAINING_RUNTIME:
+            raise ValueError(f"--training-runtime {self.training_runtime}: a TrainJob's runtime; add --k8s-runtime "
+                             "trainjob (or leave --training-runtime out for an MPIJob).")
         check_name(self.namespace, "--namespace")
         if not self.image:
             raise ValueError("--image: give the ranks' container image (jdist, sshd and your libraries; "
