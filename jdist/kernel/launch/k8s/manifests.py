@@ -31,9 +31,10 @@ cannot create it: it is cluster-scoped). Trainer makes a JobSet of it: ``numNode
 ``node`` job (the workers, sshd as above; the TrainJob's ``trainer`` sets their image, command and
 resources) and one of the ``launcher`` job (the heartbeat; its address comes from the TrainJob, as an
 environment variable, through a ``runtimePatches`` entry that also places the workers and labels the
-pods as jdist's). Trainer's MPI plugin accepts ``OpenMPI`` only; the runtime says so, which only sets
-environment variables of the launcher that jdist does not read: the kernel starts the ranks with its
-own MPICH over ssh with the job's key (Secret ``<job>-mpi-ssh-auth``). The workers are
+pods as jdist's). Trainer's MPI plugin accepts ``OpenMPI`` only; the runtime says so, and that changes
+nothing for jdist: the plugin applies it (OpenMPI's variables, the hostfile) to the launcher job's
+containers named ``node``, and jdist's is named ``launcher``. The kernel starts the ranks with its own
+MPICH over ssh, with the key Trainer mounts in the workers (Secret ``<job>-mpi-ssh-auth``). The workers are
 ``<job>-node-0-<i>.<job>.<namespace>.svc`` (JobSet's pod hostnames and headless Service). When the
 heartbeat ends, the launcher job succeeds, so does the JobSet, and JobSet deletes the workers.
 
