@@ -215,6 +215,16 @@ def main() -> None:
             print(f"{name:<24} {t:>9.3f} {off:>10.3f} {on:>9.3f} {off / t:>7.3f} {on / t:>7.3f}  ≤ {target:<5} "
                   f"{'yes' if ok else 'NO'}")
             summary[name] = {k: table[(label, k)] for k in KINDS} | {"target": target, "ok": ok}
+    # each round's runs are minutes apart at most: their ratios leave out what drifts between rounds
+    print(f"\nratios within each round (median step), then their median over the {args.repeats} rounds\n")
+    for label, _, _, target in SIZES:
+        rounds = list(zip(*(medians[(label, k)] for k in KINDS)))
+        off_tr = [off / t for t, off, _ in rounds]
+        on_tr = [on / t for t, _, on in rounds]
+        print(f"{label:<14} off/tr {' '.join(f'{r:.3f}' for r in off_tr)}  median {statistics.median(off_tr):.3f}")
+        print(f"{'':<14} on/tr  {' '.join(f'{r:.3f}' for r in on_tr)}  median {statistics.median(on_tr):.3f}  "
+              f"≤ {target}: {'yes' if statistics.median(on_tr) <= target else 'NO'}")
+        summary[f"{label}, paired"] = {"off/torchrun": off_tr, "on/torchrun": on_tr, "target": target}
     steps = print_in_process(args.blocks)
     summary["in process"] = {label: {"median_us": 1e6 * step, "mean_us": 1e6 * mean}
                              for label, (step, mean) in steps.items()}
