@@ -130,15 +130,22 @@ class FakeKubernetes:
         """What the cluster's engine does for a new job: :meth:`operator` (MPIJob) or :meth:`trainer` (TrainJob)."""
         (self.operator if job["kind"] == "MPIJob" else self.trainer)(job)
 
+    def _ssh_secret(self, job: dict[str, Any], secret: str) -> list[dict[str, Any]]:
+        """The job's ssh Secret ``secret``, as its engine makes it (a fake key); the ownerReferences to the job."""
+        meta = job["metadata"]
+        owner = [{"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"], "uid": meta["uid"],
+                  "controller": True}]
+        key = base64.b64encode(f"fake private key of {meta['name']}\n".encode()).decode()
+        self.put("secrets", {"metadata": {"name": secret, "namespace": meta["namespace"], "ownerReferences": owner},
+                             "type": "kubernetes.io/ssh-auth",
+                             "data": {"ssh-privatekey": key, "ssh-publickey": base64.b64encode(b"ssh-ed25519 x").decode()}})
+        return owner
+
     def operator(self, job: dict[str, Any]) -> None:
         """What the MPI Operator does for a new MPIJob: its ssh Secret and its pods, Pending."""
         meta, spec = job["metadata"], job["spec"]
         ns, name = meta["namespace"], meta["name"]
-        owner = [{"apiVersion": job["apiVersion"], "kind": "MPIJob", "name": name, "uid": meta["uid"], "controller": True}]
-        key = base64.b64encode(f"fake private key of {name}\n".encode()).decode()
-        self.put("secrets", {"metadata": {"name": f"{name}-ssh", "namespace": ns, "ownerReferences": owner},
-                             "type": "kubernetes.io/ssh-auth",
-                             "data": {"ssh-privatekey": key, "ssh-publickey": base64.b64encode(b"ssh-ed25519 x").decode()}})
+        owner = self._ssh_secret(job, f"{name}-ssh")
         for role, replica in spec["mpiReplicaSpecs"].items():
             for i in range(replica.get("replicas", 1)):
                 pod_name = f"{name}-{role.lower()}" + (f"-{i}" if role == "Worker" else "")
@@ -155,11 +162,7 @@ class FakeKubernetes:
         pods of its ``node`` and ``launcher`` jobs, Pending, labelled as the job's ``runtimePatches`` say."""
         meta, spec = job["metadata"], job["spec"]
         ns, name = meta["namespace"], meta["name"]
-        owner = [{"apiVersion": job["apiVersion"], "kind": "TrainJob", "name": name, "uid": meta["uid"], "controller": True}]
-        key = base64.b64encode(f"fake private key of {name}\n".encode()).decode()
-        self.put("secrets", {"metadata": {"name": f"{name}-mpi-ssh-auth", "namespace": ns, "ownerReferences": owner},
-                             "type": "kubernetes.io/ssh-auth",
-                             "data": {"ssh-privatekey": key, "ssh-publickey": base64.b64encode(b"ecdsa x").decode()}})
+        owner = self._ssh_secret(job, f"{name}-mpi-ssh-auth")
         patched = {rj["name"]: rj["template"]["spec"]["template"]
                    for patch in spec.get("runtimePatches", [])
                    for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}

@@ -317,6 +317,12 @@ def launcher(fake, tmp_path, **options) -> tuple[KubernetesLauncher, list[str]]:
     return out, lines
 
 
+def as_sent(job: dict) -> dict:
+    """A job read back from the fake API without the fields the server adds (uid, creation time, status)."""
+    meta = {k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}
+    return {k: v for k, v in job.items() if k != "status"} | {"metadata": meta}
+
+
 def pods_become(fake, job_of, after, change):
     """In a thread: once the job exists, wait ``after`` s, then ``change(fake, ns, pod)`` each worker pod."""
     import threading
@@ -347,8 +353,7 @@ def test_the_launcher_creates_the_job_waits_for_its_pods_and_deletes_it_on_stop(
         k8s.probe()
         t.join()
         job = fake.get("mpijobs", "ml", k8s.spec.name)
-        check_mpijob({k: v for k, v in job.items() if k != "status"} | {"metadata": {
-            k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}})
+        check_mpijob(as_sent(job))
         assert job["spec"]["slotsPerWorker"] == 2 and job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
         assert lines[0].startswith(f"Creating MPIJob {k8s.spec.name} in namespace ml: 2 pod(s) of 2 rank(s)")
         assert any("0/2 pods ready; " in line and "starting" in line for line in lines), lines
@@ -378,8 +383,7 @@ def test_on_trainjob_the_launcher_creates_it_waits_for_its_jobset_pods_and_delet
         k8s.probe()
         t.join()
         job = fake.get("trainjobs", "ml", k8s.spec.name)
-        check_trainjob({k: v for k, v in job.items() if k != "status"} | {"metadata": {
-            k: v for k, v in job["metadata"].items() if k not in ("uid", "creationTimestamp")}})
+        check_trainjob(as_sent(job))
         assert job["spec"]["runtimeRef"]["name"] == "jdist-h100"
         assert lines[0].startswith(f"Creating TrainJob {k8s.spec.name} on jdist-h100 in namespace ml: 2 pod(s) of "
                                    "2 rank(s)")

@@ -26,11 +26,10 @@ from .manifests import (CLUSTER_LABEL, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSI
                         TRAINER_VERSION, TRAINJOB_PLURAL, Owner)
 from .pods import PodState, pod_index, pod_state, summary
 
-#: Per ``--k8s-runtime``: the job's API group, version, plural, kind, the engine that makes its pods, and the
-#: suffix of the Secret with its ssh key.
+#: Per ``--k8s-runtime``: the job's API group, version, plural, kind, and the engine that makes its pods.
 KINDS = {
-    "mpijob": (MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, "MPIJob", "the MPI Operator", "-ssh"),
-    "trainjob": (TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL, "TrainJob", "Kubeflow Trainer", "-mpi-ssh-auth"),
+    "mpijob": (MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, "MPIJob", "the MPI Operator"),
+    "trainjob": (TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL, "TrainJob", "Kubeflow Trainer"),
 }
 
 #: Where a pod finds its service account (in-cluster configuration).
@@ -54,7 +53,7 @@ class Jobs:
 
     def __init__(self, namespace: str | None = None, context: str | None = None, api_client: Any = None,
                  runtime: str = "mpijob") -> None:
-        self.group, self.version, self.plural, self.kind, self.engine, self.secret_suffix = KINDS[runtime]
+        self.group, self.version, self.plural, self.kind, self.engine = KINDS[runtime]
         try:
             from kubernetes import client, config
         except ImportError:
@@ -237,9 +236,8 @@ class Jobs:
             finally:
                 w.stop()
 
-    def ssh_key(self, name: str) -> bytes:
-        """The private key the engine made for the job (its Secret ``<job>-ssh`` or ``<job>-mpi-ssh-auth``)."""
-        secret_name = name + self.secret_suffix
+    def ssh_key(self, secret_name: str) -> bytes:
+        """The private key the engine made for a job, from its Secret (:func:`~.manifests.ssh_secret`)."""
         secret = self._call(f"read secrets {secret_name}", self.core.read_namespaced_secret, secret_name, self.namespace)
         data = secret.data or {}
         if "ssh-privatekey" not in data:

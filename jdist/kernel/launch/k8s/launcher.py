@@ -101,11 +101,8 @@ class KubernetesLauncher(RemoteMPILauncher):
                              "docs/kubernetes.md has a Dockerfile), or set it in a --cluster profile.")
         if config.get("namespace"):
             manifests.check_name(config.get("namespace"), "--namespace")
-        runtime = config.get("training_runtime") or manifests.DEFAULT_TRAINING_RUNTIME
-        manifests.check_name(runtime, "--training-runtime")
-        if runtime != manifests.DEFAULT_TRAINING_RUNTIME and config.get("k8s_runtime") != "trainjob":
-            raise ValueError(f"--training-runtime {runtime}: a TrainJob's runtime; add --k8s-runtime trainjob (or "
-                             "leave --training-runtime out for an MPIJob).")
+        manifests.check_runtime(config.get("k8s_runtime") or "mpijob",
+                                config.get("training_runtime") or manifests.DEFAULT_TRAINING_RUNTIME)
         manifests.parse_node_selector(config.get("node_selector"))
         manifests.parse_tolerations(config.get("tolerations"))
         super().check(config)
@@ -174,7 +171,7 @@ class KubernetesLauncher(RemoteMPILauncher):
         self.jobs.create(manifests.job(self.spec))
         self.created = True
         self.jobs.wait_ready(self.spec.name, pods, self.config.start_timeout, self.say)
-        self._write_ssh(self.jobs.ssh_key(self.spec.name))
+        self._write_ssh(self.jobs.ssh_key(manifests.ssh_secret(self.spec)))
 
     @property
     def ssh_dir(self) -> Path:

@@ -131,13 +131,8 @@ class JobSpec:
     training_runtime: str = DEFAULT_TRAINING_RUNTIME
 
     def __post_init__(self) -> None:
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"--k8s-runtime {self.runtime!r}: use {' or '.join(RUNTIMES)}.")
+        check_runtime(self.runtime, self.training_runtime)
         check_name(self.name, "the job name")
-        check_name(self.training_runtime, "--training-runtime")
-        if self.runtime != "trainjob" and self.training_runtime != DEFAULT_TRAINING_RUNTIME:
-            raise ValueError(f"--training-runtime {self.training_runtime}: a TrainJob's runtime; add --k8s-runtime "
-                             "trainjob (or leave --training-runtime out for an MPIJob).")
         check_name(self.namespace, "--namespace")
         if not self.image:
             raise ValueError("--image: give the ranks' container image (jdist, sshd and your libraries; "
@@ -171,6 +166,23 @@ def check_name(name: str, what: str) -> None:
     if len(name) > 63 or not _LABEL.match(name):
         raise ValueError(f"{what} {name!r} is not a valid Kubernetes name: lower-case letters, digits and '-', "
                          "starting and ending with a letter or digit, at most 63 characters.")
+
+
+def check_runtime(runtime: str, training_runtime: str) -> None:
+    """ValueError naming the fix unless ``runtime`` (``--k8s-runtime``) is known and ``training_runtime``
+    (``--training-runtime``) a valid name, given only for a TrainJob.
+
+    >>> check_runtime("mpijob", "h100")
+    Traceback (most recent call last):
+    ...
+    ValueError: --training-runtime h100: a TrainJob's runtime; add --k8s-runtime trainjob (or leave --training-runtime out for an MPIJob).
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"--k8s-runtime {runtime!r}: use {' or '.join(RUNTIMES)}.")
+    check_name(training_runtime, "--training-runtime")
+    if runtime != "trainjob" and training_runtime != DEFAULT_TRAINING_RUNTIME:
+        raise ValueError(f"--training-runtime {training_runtime}: a TrainJob's runtime; add --k8s-runtime trainjob "
+                         "(or leave --training-runtime out for an MPIJob).")
 
 
 def job_name(cluster_id: str) -> str:
@@ -266,6 +278,10 @@ def _metadata(spec: JobSpec) -> dict[str, Any]:
     return meta
 
 
+def _labels(spec: JobSpec, role: str) -> dict[str, str]:
+    return {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: role}
+
+
 def _placement(spec: JobSpec, workers: bool) -> dict[str, Any]:
     """Where a pod may run: the workers where ``--node-selector`` and ``--tolerations`` say (the heartbeat
     pod anywhere); both may pull the image with the pull secrets."""
@@ -316,7 +332,7 @@ def _worker(spec: JobSpec) -> dict[str, Any]:
         container["resources"] = resources
     pod = {"containers": [container], "volumes": [_shm(spec)], **_placement(spec, True)}
     return {"replicas": spec.pods, "restartPolicy": "Never",
-            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: "worker"}},
+            "template": {"metadata": {"labels": _labels(spec, "worker")},
                          "spec": pod}}
 
 
@@ -327,7 +343,7 @@ def _launcher(spec: JobSpec) -> dict[str, Any]:
                  "resources": {k: dict(v) for k, v in HEARTBEAT_RESOURCES.items()}}
     pod = {"containers": [container], **_placement(spec, False)}
     return {"replicas": 1, "restartPolicy": "Never",
-            "template": {"metadata": {"labels": {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: "heartbeat"}},
+            "template": {"metadata": {"labels": _labels(spec, "heartbeat")},
                          "spec": pod}}
 
 
@@ -346,10 +362,6 @@ def mpijob(spec: JobSpec) -> dict[str, Any]:
             "mpiReplicaSpecs": {"Launcher": _launcher(spec), "Worker": _worker(spec)},
         },
     }
-
-
-def _labels(spec: JobSpec, role: str) -> dict[str, str]:
-    return {**MANAGED_BY, CLUSTER_LABEL: spec.name, ROLE_LABEL: role}
 
 
 def trainjob(spec: JobSpec) -> dict[str, Any]:
@@ -485,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["CLUSTER_LABEL", "DEFAULT_TRAINING_RUNTIME", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "ROLE_LABEL",
-           "RUNTIMES", "TRAINER_GROUP", "TRAINER_VERSION", "TRAINJOB_PLURAL", "JobSpec", "Owner", "check_name", "job",
+           "RUNTIMES", "check_runtime", "TRAINER_GROUP", "TRAINER_VERSION", "TRAINJOB_PLURAL", "JobSpec", "Owner", "check_name", "job",
            "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role", "role_binding", "ssh_secret",
            "training_runtime", "trainjob", "worker_hosts"]
 
