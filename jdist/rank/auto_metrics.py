@@ -151,12 +151,7 @@ class AutoSteps:
 
     def _queue(self, entry: Entry) -> None:
         rec, now, intervals, events, forwards, roots = entry
-        s = self.session
-        if roots and self.kind == "cuda":
-            deferred = loss_values(roots, s)
-        else:  # CPU tensors: the publisher thread reads them
-            deferred = [("loss", roots, None)] if roots else None
-        s.add_entry(rec, now, intervals, events, forwards, deferred)
+        self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
 
 
 def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:
@@ -326,6 +321,8 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
             real(self, *args, **kwargs)
             if not self._comm_hooks:  # none registered while it was built (mixed_precision= registers one)
                 time_ddp(self, timer, kind, steps)
+                if self._jdist_comm.group is None:  # on the default group: repaired after a release
+                    steps.session.train.timed.add(self)
 
         return __init__
 

@@ -63,6 +63,40 @@ class TrainState:
     # prepared objects, weakly: re-running a cell must not keep old models alive
     optimizers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     models: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    # DistributedDataParallel models the code built itself on the default group, timed by jdist (auto metrics)
+    timed: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+
+
+def repair_ddp(tr: TrainState) -> list[Any]:
+    """Make the DDP models of ``tr`` usable again after a cell stopped in their backward pass (an exception or
+    an interrupt between two gradient buckets leaves the reducer expecting the rest: the next backward fails
+    with an internal assert of torch's) or after a release re-created the default group (the models the code
+    built itself, :attr:`TrainState.timed`, are moved to the new one; prepared ones were re-attached by their
+    backend). Called at each cell's start; returns the models it reset.
+
+    >>> repair_ddp(TrainState())
+    []
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return []
+    world = dist.distributed_c10d._get_default_group()
+    repaired = []
+    for model, on_world in [*((m, False) for m in list(tr.models)), *((m, True) for m in list(tr.timed))]:
+        reducer = getattr(model, "reducer", None)
+        if reducer is None or not hasattr(model, "_update_process_group"):
+            continue  # not a DistributedDataParallel
+        group = world if on_world else model.process_group
+        try:
+            reducer._check_reducer_finalized()
+            unfinished = False
+        except RuntimeError:
+            unfinished = True
+        if unfinished or group is not model.process_group:
+            model._update_process_group(group)  # resets the reducer (and points it at the group)
+            repaired.append(model)
+    return repaired
 
 
 @dataclass
@@ -110,6 +144,8 @@ class RankSession:
                 source.begin_cell(self, now)
             if self.auto is not None:
                 self.auto.begin_cell()
+        if self.train.models or self.train.timed:
+            repair_ddp(self.train)
 
     def end_cell(self) -> CellEndMessage:
         """A cell ended (``post_run_cell``): the rest of its records and their count go to the kernel."""
