@@ -139,17 +139,6 @@ class ProgressMessage(TypedDict):
     total_steps: int | None
 
 
-class CellEndMessage(TypedDict):
-    """The last message of a cell on a rank: the rest of its records and how many it logged."""
-
-    v: int
-    kind: Literal["cell_end"]
-    cell: int
-    records: list[Record]
-    count: int
-    total_steps: int | None
-
-
 class CheckpointEveryMessage(TypedDict):
     """``jdist.checkpoint_every`` settings, with the variable names of the objects it saves
     (the kernel restores them after the ranks died: ``%dist restart``)."""
@@ -169,6 +158,20 @@ class CheckpointSavedMessage(TypedDict):
     cell: int
     path: str
     step: int
+
+
+class CellEndMessage(TypedDict):
+    """The last message of a cell on a rank: the rest of its records, how many it logged, and again the
+    cell's checkpoint messages (the latest of each kind, in the order sent): a short cell's messages can all
+    arrive before the kernel listens, and then only this last one is kept."""
+
+    v: int
+    kind: Literal["cell_end"]
+    cell: int
+    records: list[Record]
+    count: int
+    total_steps: int | None
+    checkpoints: list[CheckpointEveryMessage | CheckpointSavedMessage]
 
 
 class TuneMessage(TypedDict):

@@ -105,7 +105,8 @@ def test_the_frontend_uses_the_generated_types_only():
 
 
 def test_data_messages_of_another_version_are_ignored():
-    msg = CellEndMessage(v=PROTOCOL_VERSION, kind="cell_end", cell=3, records=[], count=0, total_steps=None)
+    msg = CellEndMessage(v=PROTOCOL_VERSION, kind="cell_end", cell=3, records=[], count=0, total_steps=None,
+                         checkpoints=[])
     assert parse_message(msg) == msg
     assert parse_message({**msg, "v": PROTOCOL_VERSION + 1}) is None
     assert parse_message({**msg, "kind": "gossip"}) is None

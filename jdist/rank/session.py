@@ -229,6 +229,8 @@ class RankSession:
             self.publisher = None
 
     def publish(self, message: Any) -> None:
+        if message["kind"] in ("checkpoint_every", "checkpoint_saved"):
+            self.stream.note_checkpoint(message)
         self.channel.publish(message)
 
 

@@ -51,11 +51,13 @@ class RecordStream:
         self.first: list[Record] = []
         self.latest: deque[Record] = deque(maxlen=self.keep_last)
         self.pending: deque[Entry] = deque()
+        self.checkpoints: dict[str, Any] = {}  # this cell's latest checkpoint message of each kind, in order
 
     def begin_cell(self) -> None:
         self.cell += 1
         self.seq = 0
         self.total_steps = None
+        self.checkpoints = {}
         self.first, self.latest, self.pending = [], deque(maxlen=self.keep_last), deque()
         self.open = True
 
@@ -93,6 +95,11 @@ class RecordStream:
         self.total_steps = total_steps
         return ProgressMessage(v=PROTOCOL_VERSION, kind="progress", cell=self.cell, total_steps=total_steps)
 
+    def note_checkpoint(self, message: Any) -> None:
+        """A checkpoint message was sent: the cell's end message repeats it (the latest of its kind)."""
+        self.checkpoints.pop(message["kind"], None)
+        self.checkpoints[message["kind"]] = message
+
     def end_cell(self) -> CellEndMessage:
         """The cell's end message with every record still pending (completed by the sources)."""
         self.open = False
@@ -100,7 +107,7 @@ class RecordStream:
         self.pending = deque()
         self._keep(batch)
         return CellEndMessage(v=PROTOCOL_VERSION, kind="cell_end", cell=self.cell, records=batch, count=self.seq,
-                              total_steps=self.total_steps)
+                              total_steps=self.total_steps, checkpoints=list(self.checkpoints.values()))
 
     def records(self, cell: int, seqs: list[int]) -> list[Record]:
         """Records of the current cell with the given sequence numbers, as far as still kept

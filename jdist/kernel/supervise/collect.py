@@ -82,6 +82,9 @@ class RecordCollector:
                 self.ensure_run().total_steps = msg["total_steps"]
             self.add(msg["records"])
             self.done[rank] = msg["count"]
+            if rank == 0 and self.on_checkpoint is not None:  # again: the stream's may have been missed
+                for checkpoint in msg.get("checkpoints", ()):
+                    self.on_checkpoint(checkpoint)
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
             self.on_checkpoint(msg)
         elif kind == "host":
