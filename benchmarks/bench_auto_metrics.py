@@ -8,7 +8,7 @@ each round (the order rotates), each a column:
 * ``torchrun --standalone --nproc-per-node 2``;
 * ``jdist run -n 2 --auto-metrics off`` (no hook installed: jdist's rank, nothing more);
 * ``jdist run -n 2`` (automatic metrics on: a record per optimizer step with loss, step and comm time,
-  memory; DDP's timing comm hook; the plain view's sink, as stdout is a pipe).
+  memory; the DDP timed by its reducer's own clock; the plain view's sink, as stdout is a pipe).
 
 Two sizes: an MLP 64 -> 64 -> 64 -> 1, batch 32 (~1 ms steps), and 64 -> 1024 -> 1024 -> 1 (~10 ms).
 Rows: the median over ``--repeats`` rounds of each run's median step (and mean step). Targets, automatic
@@ -18,7 +18,7 @@ Separate launches differ by tens of percent on a loaded 2-core machine, more tha
 second table (``--in-process``, also run by default) measures the hooks' own cost where nothing else
 varies: one process, one gloo rank, pinned to one core where it can be, the ~1 ms model's loop with a
 jdist rank session and its publisher thread (records encoded as for the kernel, then dropped), blocks of
-steps interleaved: no hooks, automatic metrics without DDP's timing comm hook, and all of them. The
+steps interleaved: no hooks, automatic metrics without timing the DDP, and all of them. The
 target there is the 1 ms budget: ≤ 30 µs a step.
 
 Usage::
@@ -91,7 +91,7 @@ def run_once(kind: str, work: Path, steps: int, width: int, retried: bool = Fals
     raise SystemExit(f"{kind}: no step times in\n{out.stdout}\n{out.stderr}")
 
 
-#: The in-process variants: (label, automatic metrics on, DDP's timing comm hook).
+#: The in-process variants: (label, automatic metrics on, the DDP timed).
 IN_PROCESS = (("no hooks", False, False), ("hooks, DDP not timed", True, False), ("automatic metrics on", True, True))
 
 
@@ -130,13 +130,13 @@ def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, floa
             auto_metrics.disable(s)
             if auto:
                 auto_metrics.enable(s)
-            real = auto_metrics.time_ddp
-            if not timed:  # the split: the DDP built now gets no timing comm hook
-                auto_metrics.time_ddp = lambda *args, **kwargs: None
+            real = auto_metrics.AutoSteps.time_by_reducer
+            if not timed:  # the split: the DDP built now is not timed (its reducer keeps no statistics)
+                auto_metrics.AutoSteps.time_by_reducer = lambda *args, **kwargs: None
             torch.manual_seed(0)
             model = DistributedDataParallel(torch.nn.Sequential(
                 torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
-            auto_metrics.time_ddp = real
+            auto_metrics.AutoSteps.time_by_reducer = real
             loops[label] = (auto, model, torch.optim.SGD(model.parameters(), lr=0.01))
         for _ in range(blocks):
             for label, (auto, model, opt) in loops.items():

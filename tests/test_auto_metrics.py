@@ -125,6 +125,7 @@ def main():
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device))
+    assert cuda or not model._comm_hooks  # CPU: timed by DDP's own reducer under jdist, no Python comm hook
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cuda") if cuda else None
     train(args, model, optimizer, scaler, device, rank)
@@ -292,12 +293,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from jdist.rank import auto_metrics
 from jdist.rank.session import current
 rank, weights = dist.get_rank(), {}
+auto_metrics.disable(current())
 for timed in (True, False):
-    if not timed:
-        auto_metrics.disable(current())  # DDP's own all-reduce (C++, no hook)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
-    assert (getattr(model, "_jdist_comm", None) is not None) == timed
+    if timed:  # jdist's timing comm hook (prepared models; GPU ranks' automatic metrics); else DDP's own (C++)
+        auto_metrics.time_ddp(model, current().timer, "cpu")
+    assert bool(model._comm_hooks) == timed
     opt, g = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(rank)
     for _ in range(5):
         loss = model(torch.randn(4, 8, generator=g)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()

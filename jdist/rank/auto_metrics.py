@@ -29,12 +29,14 @@ one, and nothing doubled. ``--auto-metrics off`` installs none of these hooks (a
 running cluster).
 
 The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one
-post hook (a clock reading, a small dict and tuple: the record held back), per collective a timing
-wrapper (two clock readings), per DDP gradient bucket a clock reading in jdist's communication hook, whose
+post hook (a clock reading, a small dict and tuple: the record held back; on CPU ranks, per DDP the
+reducer's own statistics, two C++ calls of a few µs), per collective a timing wrapper (two clock
+readings). On GPU ranks, per DDP gradient bucket a clock reading in jdist's communication hook, whose
 future has one Python callback (taking the reduced tensor out of the all-reduce's result, as torch's own
 ``allreduce_hook`` does; the bucket's interval ends with the backward pass, so there is no second
-callback for timing: each such callback is a thread switch with the GIL, measured at about 35 µs on 2
-loaded CPU cores). Nothing is read from a device, nothing is locked.
+callback for timing). Such a callback is a thread switch with the GIL: about 100 µs a step at 2 CPU ranks
+on 2 cores, which is why CPU ranks use DDP's own clock instead (GPU ranks cannot: DDP reads its CUDA
+timing events by synchronising). Nothing is read from a device, nothing is locked.
 
 Example (a session of one process; the hooks are torch's):
     >>> import torch
@@ -80,6 +82,7 @@ class AutoSteps:
         self.comm_starts: list[Any] = []  # DDP buckets in flight: their ends are the backward's end
         self.kind = session.ctx.device_kind
         self.integration = False  # a framework integration logs on this rank (logs_itself): for every cell
+        self.reduced: list[list[Any]] = []  # [weak reference, last interval's end] of DDPs their reducer times
         self.begin_cell()
 
     def begin_cell(self) -> None:
@@ -88,6 +91,7 @@ class AutoSteps:
         self.count = 0  # steps recorded in this cell
         self.held: Entry | None = None  # the newest step's entry, queued at the next step or the cell's end
         self.explicit = self.integration  # the cell called jdist.log: its records are those
+        self.clock = time.time() - time.perf_counter()  # the reducer's timestamps (epoch ns) to perf_counter
 
     # -- the hooks ---------------------------------------------------------------------------
     def root(self, tensor: Any, factor: float = 1.0) -> None:
@@ -115,18 +119,51 @@ class AutoSteps:
             for start in starts:
                 timer.record(start, end)
 
+    def time_by_reducer(self, ddp: Any) -> None:
+        """Time a CPU ``DistributedDataParallel``'s all-reduce with its reducer's own clock (DDP's runtime
+        statistics, kept at every iteration: a few clock readings in C++) instead of a Python comm hook,
+        whose future's callback costs a GIL hand-over per bucket (about 100 µs a step at 2 ranks on 2 cores)."""
+        import weakref
+
+        ddp._set_ddp_runtime_logging_sample_rate(1)
+        self.reduced.append([weakref.ref(ddp), 0])
+
+    def _reduced(self) -> list[tuple[float, float]]:
+        """The communication intervals of the backward passes DDP's reducers ran since the last call: DDP
+        notes each at its next forward; noted here at once (``set_runtime_stats_and_log``, C++, a few µs), so
+        the step's record has its own."""
+        intervals = []
+        for item in list(self.reduced):
+            ddp = item[0]()
+            if ddp is None:
+                self.reduced.remove(item)
+                continue
+            try:
+                ddp.logger.set_runtime_stats_and_log()
+                data = ddp._get_ddp_logging_data()
+            except (AttributeError, RuntimeError):  # no logger, or no interval to note (no_sync passes only)
+                continue
+            end = data.get("backward_comm_time_end", 0)
+            if end and end != item[1]:
+                item[1] = end
+                intervals.append((data["backward_comm_time_start"] * 1e-9 - self.clock, end * 1e-9 - self.clock))
+        return intervals
+
     def stepped(self) -> None:
         """An optimizer step ended: the first after a backward ends the training step."""
         if not self.backwards:
             return
         if self.comm_starts:  # (a backward outside torch.autograd.backward: torch.autograd.grad)
             self.comm_ended()
+        s = self.session
+        timer = s.timer
+        if self.reduced:  # for this step's record, or the jdist.log of the code's after it
+            for start, end in self._reduced():
+                timer.record(start, end)
         now = time.perf_counter()
         roots, self.roots, self.backwards = self.roots, [], 0
         if self.explicit:
             return
-        s = self.session
-        timer = s.timer
         entry = ({"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()},
                  now, timer.take_intervals(), timer.take_events(), s.train.forwards, roots)
         self.count += 1
@@ -225,12 +262,15 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     * the loss: ``torch.autograd.backward`` (``Tensor.backward`` calls it) notes each root that is a
       tensor without explicit gradients; ``GradScaler.scale`` maps a scaled loss to the loss;
     * communication (into ``timer``: wall-clock intervals on CPU ranks, CUDA event pairs on GPU ranks,
-      :func:`~jdist.rank.backends.base.timed_call`): a ``DistributedDataParallel`` the script builds gets
-      jdist's timing communication hook around its all-reduce (:func:`timed_comm_hook`: each bucket from the
-      start of its all-reduce to the end of the backward pass, an upper bound with several buckets; a hook
-      the script registers later runs inside it: ``register_comm_hook`` and the built-in ones are routed
-      there; a DDP whose constructor already registered one, as with ``mixed_precision=``, is not timed,
-      and DDP's ``static_graph`` and fused-optimizer paths are not tried); and every call of the collectives in
+      :func:`~jdist.rank.backends.base.timed_call`): a ``DistributedDataParallel`` the script builds is timed,
+      on CPU ranks by its reducer's own clock (DDP's runtime statistics at every iteration, read at the
+      optimizer step: :meth:`AutoSteps.time_by_reducer`; from the first bucket's all-reduce to the last one's
+      end, as DDP measures it; the script's own comm hooks are left alone), on GPU ranks by jdist's timing
+      communication hook around its all-reduce (:func:`timed_comm_hook`: each bucket from the start of its
+      all-reduce to the end of the backward pass, an upper bound with several buckets; a hook the script
+      registers later runs inside it: ``register_comm_hook`` and the built-in ones are routed there). A DDP
+      whose constructor already registered a hook, as with ``mixed_precision=``, is not timed, and DDP's
+      ``static_graph`` and fused-optimizer paths are not tried; and every call of the collectives in
       :data:`COLLECTIVES` through ``torch.distributed`` (the script's own ``dist.all_reduce``; FSDP2's
       all-gathers and reduce-scatters, which it issues through them; DeepSpeed's). A collective issued
       from C++ without passing through Python (DDP's built-in all-reduce, were the hook refused; NCCL
@@ -320,6 +360,11 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             real(self, *args, **kwargs)
             if not self._comm_hooks:  # none registered while it was built (mixed_precision= registers one)
+                if kind == "cpu":
+                    steps.time_by_reducer(self)
+                    if self.process_group is dist.group.WORLD:  # on the default group: repaired after a release
+                        steps.session.train.timed.add(self)
+                    return
                 time_ddp(self, timer, kind, steps)
                 if self._jdist_comm.group is None:  # on the default group: repaired after a release
                     steps.session.train.timed.add(self)
