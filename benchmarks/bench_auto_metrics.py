@@ -21,10 +21,16 @@ jdist rank session and its publisher thread (records encoded as for the kernel, 
 steps interleaved: no hooks, automatic metrics without timing the DDP, and all of them. The
 target there is the 1 ms budget: ≤ 30 µs a step.
 
+A third table (``--comm-check-only``, also run by default) checks the communication time the records carry
+for a DDP timed by its reducer: the ~10 ms model (two buckets) under ``jdist run -n 2``, rank 0's
+``comm_time_s`` against the union of each step's ``gloo:all_reduce`` events in torch.profiler, the same
+50 steps (medians). DDP's interval ends with the backward pass, so it may only be longer.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_auto_metrics.py [--repeats 5] [--steps 1000] [--json auto.json]
     .venv/bin/python benchmarks/bench_auto_metrics.py --in-process-only [--blocks 30]
+    .venv/bin/python benchmarks/bench_auto_metrics.py --comm-check-only
 """
 
 from __future__ import annotations
@@ -63,6 +69,38 @@ if rank == 0:
     print(f"STEP_MEDIAN_S {times[len(times) // 2]:.7f} STEP_MEAN_S {sum(times) / len(times):.7f}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+"""
+
+#: The comm-time check: the ~10 ms model's DDP (two buckets) under ``jdist run``; rank 0 profiles steps
+#: ``PROFILED`` with torch.profiler and prints the median, over those steps, of the union of each step's
+#: ``gloo:all_reduce`` events; the bench compares it with the same steps' ``comm_time_s`` in the run log.
+PROFILED = range(100, 150)
+PROFILE_SCRIPT = f"""import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, record_function
+from jdist.rank.backends.base import merged_seconds
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randn(32, 1)
+def step():
+    loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+for _ in range({PROFILED.start}):
+    step()
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range({len(PROFILED)}):
+        with record_function("bench_step"):
+            step()
+events = prof.events()
+reduces = [(e.time_range.start, e.time_range.end) for e in events if e.name == "gloo:all_reduce"]
+unions = sorted(merged_seconds([r for r in reduces if s.time_range.start <= r[0] < s.time_range.end])
+                for s in events if s.name == "bench_step")
+if dist.get_rank() == 0:
+    print(f"PROFILED_US {{unions[len(unions) // 2]:.1f}} ALL_REDUCES {{len(reduces)}}", flush=True)
+for _ in range(5):
+    step()
 """
 
 KINDS = ("torchrun", "jdist off", "jdist on")
@@ -177,6 +215,31 @@ def print_in_process(blocks: int) -> dict[str, tuple[float, float]]:
     return steps
 
 
+def comm_check(work: Path) -> dict[str, float]:
+    """jdist's comm time (DDP timed by its reducer) against torch.profiler's all-reduces, same steps, rank 0."""
+    from jdist.metrics.store import read_frames
+
+    (work / "profiled.py").write_text(PROFILE_SCRIPT)
+    runs = work / "runs-profiled"
+    out = subprocess.run([sys.executable, "-m", "jdist", "run", "-n", "2", "--no-live", "profiled.py"], cwd=work,
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env={**os.environ, "JDIST_RUN_DIR": str(runs)})
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PROFILED_US")), None)
+    if out.returncode != 0 or line is None:
+        raise SystemExit(f"the comm check failed:\n{out.stdout}\n{out.stderr}")
+    profiled_us, reduces = float(line.split()[1]), int(line.split()[3])
+    batches, _ = read_frames(next(runs.iterdir()) / "metrics.jdc")
+    comm = sorted(r["comm_time_s"] for b in batches for r in b if r["rank"] == 0 and r["step"] in PROFILED)
+    jdist_us = 1e6 * comm[len(comm) // 2]
+    print(f"\ncomm time per step, rank 0, {len(comm)} steps of the ~10 ms model ({reduces // len(PROFILED)} "
+          "all-reduces a step), medians\n")
+    print(f"jdist comm_time_s (DDP's reducer)          {jdist_us / 1000:7.3f} ms")
+    print(f"torch.profiler gloo:all_reduce, union      {profiled_us / 1000:7.3f} ms")
+    print(f"jdist / profiler                           {jdist_us / profiled_us:7.3f}  (DDP's interval runs from the "
+          "first bucket's start to the end of the backward pass: an upper bound)")
+    return {"jdist_us": jdist_us, "profiler_us": profiled_us}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -184,9 +247,15 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--blocks", type=int, default=30, help="in-process blocks of 300 steps per variant")
     ap.add_argument("--in-process-only", action="store_true", help="only the hooks' own cost (about 1 minute)")
+    ap.add_argument("--comm-check-only", action="store_true",
+                    help="only jdist's comm time against torch.profiler's (about 20 s)")
     args = ap.parse_args()
     if args.in_process_only:
         print_in_process(args.blocks)
+        return
+    if args.comm_check_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            comm_check(Path(tmp))
         return
     medians: dict[tuple[str, str], list[float]] = {}
     means: dict[tuple[str, str], list[float]] = {}
@@ -225,6 +294,8 @@ def main() -> None:
         print(f"{'':<14} on/tr  {' '.join(f'{r:.3f}' for r in on_tr)}  median {statistics.median(on_tr):.3f}  "
               f"≤ {target}: {'yes' if statistics.median(on_tr) <= target else 'NO'}")
         summary[f"{label}, paired"] = {"off/torchrun": off_tr, "on/torchrun": on_tr, "target": target}
+    with tempfile.TemporaryDirectory() as tmp:
+        summary["comm check"] = comm_check(Path(tmp))
     steps = print_in_process(args.blocks)
     summary["in process"] = {label: {"median_us": 1e6 * step, "mean_us": 1e6 * mean}
                              for label, (step, mean) in steps.items()}
