@@ -85,10 +85,14 @@ def test_a_rank_that_handles_the_interrupt_and_then_waits_in_a_collective_is_rel
     """Rank 1 catches the KeyboardInterrupt and goes on into an all_reduce that rank 0, stopped, never
     joins (as a rank can when the interrupt comes just before it enters a collective): its guard had
     nothing to release when the SIGINT came, so the kernel sends it another one, and the group is
-    re-created instead of the ranks waiting out the grace and needing a restart."""
+    re-created instead of the ranks waiting out the grace and needing a restart. Rank 1 enters the
+    all_reduce 1 s after the SIGINT (every copy of it has come by then) and rank 0 takes 2.5 s to stop, so
+    at the grace's first look (2 s) no rank has stopped yet and the kernel must look again (CI once saw
+    a loaded rank stop only after that first look)."""
     out = faults.interrupted("%%distributed\ntry:\n    print('looping', flush=True)\n    while True:\n"
-                             "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n"
-                             "        dist.all_reduce(torch.ones(1))\n    raise", "looping", timeout=60)
+                             "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n        time.sleep(1)\n"
+                             "        dist.all_reduce(torch.ones(1))\n    else:\n        time.sleep(2.5)\n"
+                             "    raise", "looping", timeout=60)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
     assert "did not stop" not in out.shown, out.shown
     assert "process group was re-created on all ranks; variables on the ranks are kept" in out.shown, out.shown

@@ -60,9 +60,10 @@ class Phase(str, Enum):
     DONE = "done"
 
 
-#: Seconds into an interrupt's or a release's grace after which ranks still waiting in a collective, while
-#: others have stopped, get SIGINT again (:meth:`CellSupervisor._rerelease`; seen once under load: rank 1 of
-#: a DeepSpeed ZeRO-3 cell went on into a reduce_scatter after the interrupt and waited out the grace).
+#: Every this many seconds of an interrupt's or a release's grace, ranks still waiting in a collective, while
+#: others have stopped, get SIGINT again (:meth:`CellSupervisor._rerelease`; seen under load: a rank of a
+#: DeepSpeed ZeRO-3 cell went on into a collective after the interrupt and waited out the grace; once, at
+#: the only look 2 s in, no rank had stopped yet, so a look once is not enough).
 RERELEASE_S = 2.0
 
 
@@ -96,7 +97,7 @@ class CellSupervisor:
         self.last_progress = time.monotonic()
         self.deadline: float | None = None
         self.grace_began: float | None = None
-        self.rereleased = False  # the ranks waiting in a collective after the grace's first seconds got SIGINT again
+        self.next_rerelease: float | None = None  # when the grace next looks for ranks left in a collective
         self.paused: set[int] = set()  # ranks stopped in a debugger (no hang while they are)
 
     @property
@@ -157,8 +158,8 @@ class CellSupervisor:
                     if isinstance(action, EndGrace):
                         self.deadline = now
                         break
-                if (self.grace_began is not None and not self.rereleased
-                        and now - self.grace_began >= RERELEASE_S):
+                if self.next_rerelease is not None and now >= self.next_rerelease:
+                    self.next_rerelease = now + RERELEASE_S
                     self._rerelease()
             except KeyboardInterrupt:
                 if not self.obs.interrupted:
@@ -179,13 +180,13 @@ class CellSupervisor:
         self.phase = Phase.RELEASING
         self.grace_began = time.monotonic()
         self.deadline = self.grace_began + self.cluster.config.interrupt_grace
+        self.next_rerelease = self.grace_began + RERELEASE_S
 
     def _rerelease(self) -> None:
-        """Once in a grace, :data:`RERELEASE_S` into it: where some ranks have stopped, the ranks still
-        waiting in a collective (which the stopped ones will not join) get SIGINT again, so that their
-        guard releases it. The first one found them outside any collective: they handled it, or it came
-        just before they entered one."""
-        self.rereleased = True
+        """Every :data:`RERELEASE_S` of a grace: where some ranks have stopped, the ranks still waiting in a
+        collective (which the stopped ones will not join) get SIGINT again, so that their guard releases it.
+        The first one found them outside any collective: they handled it, or it came just before they
+        entered one."""
         running = self.view.running()
         if not running or len(running) == len(self.ranks):
             return
