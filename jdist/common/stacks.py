@@ -38,6 +38,11 @@ COLLECTIVE_PATHS: tuple[str, ...] = ("/torch/distributed/",)
 #: Cell code on an ipykernel engine is compiled from files like /tmp/ipykernel_<pid>/<hash>.py.
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-|<%%distributed cell>)")
 _FRAME_LINE = re.compile(r'\s+File "(.*)", line (\d+) in (.*)')
+#: A rank whose set-up takes longer than ``--timeout`` writes its stacks to ``<prefix><pid>.txt`` in the
+#: cluster's folder (ranks on the kernel's host; others to their stderr): a header line
+#: (:func:`setup_dump_header`), then faulthandler's dump of every thread. The kernel names them when it
+#: gives up waiting (:func:`parse_setup_dump`).
+SETUP_DUMP_PREFIX = "setup-stacks-"
 #: What :func:`summary` says of a rank that runs no cell.
 IDLE = "idle (no cell running)"
 #: The line of a sample that holds the rank's progress counters (:func:`format_progress`).
@@ -143,6 +148,28 @@ def parse_faulthandler(text: str, main_ident: int) -> list[Frame]:
         if inside and m:
             frames.append((m.group(1), int(m.group(2)), m.group(3)))
     return frames
+
+
+def setup_dump_header(pid: int, main_ident: int, rank: int) -> str:
+    """The first line of a set-up stack dump: the process, its main thread's ident and its MPI rank.
+
+    >>> setup_dump_header(42, 7, 1)
+    'jdist-setup pid=42 main=7 rank=1\\n'
+    """
+    return f"jdist-setup pid={pid} main={main_ident} rank={rank}\n"
+
+
+def parse_setup_dump(text: str) -> tuple[int, int, list[Frame]] | None:
+    """(rank, pid, the main thread's frames, innermost first) of a set-up stack dump; None without a header.
+
+    >>> parse_setup_dump('jdist-setup pid=42 main=1 rank=0\\nThread 0x0000000000000001 (most recent call first):\\n'
+    ...                  '  File "/x/jdist/rank/bootstrap.py", line 78 in mpi_world\\n')
+    (0, 42, [('/x/jdist/rank/bootstrap.py', 78, 'mpi_world')])
+    """
+    m = re.match(r"jdist-setup pid=(\d+) main=(\d+) rank=(\d+)", text)
+    if m is None:
+        return None
+    return int(m.group(3)), int(m.group(1)), parse_faulthandler(text, int(m.group(2)))
 
 
 def format_progress(p: Progress) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jdist.common.controller import engine_states
-from jdist.common.stacks import Frame, Sample
+from jdist.common.stacks import SETUP_DUMP_PREFIX, Frame, Sample, format_stack, parse_setup_dump
 from jdist.common.waiting import poll_until
 from jdist.errors import ClusterError
 from jdist.options import ClusterConfig
@@ -60,6 +60,11 @@ EXIT_WAIT_S = 2.0
 #: killed together with its nanny (a lost node, an OOM kill of its process group) never answers: with
 #: no bound, %dist stop waited for ever (tests/test_cluster.py); the launcher ends what is left.
 SIGNAL_WAIT_S = 10.0
+#: How much longer than ``--timeout`` the kernel waits for the ranks' set-up: the process group's own
+#: timeout (the same ``--timeout``) gives a better error than the kernel's giving up.
+SETUP_SLACK_S = 30.0
+#: The innermost frames of a rank's stack shown when its set-up did not end in time.
+SETUP_FRAMES = 12
 #: In the cluster's private folder: the owner's PID and start time, which the controller watches.
 OWNER_FILE = "owner"
 
@@ -205,6 +210,8 @@ class ClusterSession:
             )
 
     def _setup_ranks(self) -> None:
+        import ipyparallel as ipp
+
         from jdist.common.procs import identity
 
         assert self.launcher is not None
@@ -223,8 +230,11 @@ class ClusterSession:
             network=self.launcher.network(), report_env=list(self.launcher.report_env),
         )
         ar = view.apply_async(RankCall("setup"), cfg)
+        wait = self.config.timeout + SETUP_SLACK_S
         try:
-            infos = ar.get(timeout=self.config.timeout + 30)
+            infos = ar.get(timeout=wait)
+        except ipp.error.TimeoutError as exc:
+            raise ClusterError(*self._setup_timed_out(len(engines) - ar.progress, len(engines), wait)) from exc
         except Exception as exc:
             raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: {exc}") from exc
         versions = {info.get("protocol") for info in infos}
@@ -244,6 +254,24 @@ class ClusterSession:
         self.launcher.watch(self.ranks)
         if self.launcher.remote:
             self._write_reaper_plan()  # now with the Slurm job step
+
+    def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:
+        """The lines of the error when set-up did not end in time: how many ranks, and where each waited
+        when its own ``--timeout`` ran out (the dumps of :func:`jdist.rank.bootstrap.watch_setup`)."""
+        lines = [f"Setting up backend {self.config.backend!r} on the ranks did not end within {waited:g} s "
+                 f"(--timeout {self.config.timeout:g} and {SETUP_SLACK_S:g} s more): {pending} of {n} rank(s) "
+                 "still at it. Start the ranks again (run the cell or the command again); give a longer --timeout if "
+                 "set-up is this slow here."]
+        dumps = sorted(self.work_dir.glob(f"{SETUP_DUMP_PREFIX}*.txt")) if self.work_dir is not None else []
+        for rank, pid, frames in sorted(filter(None, (parse_setup_dump(p.read_text(errors="replace")) for p in dumps))):
+            ours = [i for i, (file, _, _) in enumerate(frames) if "/jdist/rank/" in file.replace(os.sep, "/")]
+            frames = frames[:ours[-1] + 1] if ours else frames  # from the set-up's entry in, not the engine's loop
+            lines += [f"Rank {rank} (process {pid}), {self.config.timeout:g} s into its set-up (innermost call last):",
+                      format_stack(frames[:SETUP_FRAMES]) if frames else "  (its stack was not written)"]
+        if not dumps and self.launcher is not None and self.launcher.output().strip():
+            lines += ["The ranks' output (their stacks after --timeout s, where they wrote them):",
+                      *self.launcher.output().splitlines()[-40:]]
+        return lines
 
     def controller_pid(self) -> int | None:
         """The PID of this cluster's ipyparallel controller (started by this process), or None."""

@@ -5,7 +5,8 @@ MPI world (:func:`mpi_world`), chooses the process group's address when the rank
 (:func:`rendezvous_address`, :func:`socket_interface`), pins the device (the backend's ``pin_device``),
 installs the guard (:func:`install_guard`), sets up the backend and the session
 (:func:`start_session`), applies the rank-side options (:func:`apply_options`: the same code a
-live change runs) and opens the cell namespace (:func:`open_namespace`). What happens to the
+live change runs) and opens the cell namespace (:func:`open_namespace`), all under
+:func:`watch_setup` (stacks for the kernel if it takes longer than ``--timeout``). What happens to the
 process afterwards (the kernel gone, SIGTERM, exit) is :mod:`jdist.rank.process`.
 
 On an engine (the kernel sends it as ``RankCall("setup")`` to every engine at once)::
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,6 +45,14 @@ class World:
 
 def setup(config: SetupConfig) -> RankInfo:
     """Initialise this engine as one rank; returns its :class:`RankInfo` (see the module doc)."""
+    stop_watch = watch_setup(config)
+    try:
+        return _setup(config)
+    finally:
+        stop_watch()
+
+
+def _setup(config: SetupConfig) -> RankInfo:
     from jdist.plugins import backend_spec
 
     world = mpi_world()
@@ -65,6 +75,44 @@ def setup(config: SetupConfig) -> RankInfo:
         process.watch_owner(config["owner"], world.rank == 0)
     s.report_env = tuple(config.get("report_env") or ())
     return describe_rank(s)
+
+
+def watch_setup(config: SetupConfig) -> Callable[[], None]:
+    """If this rank's set-up takes longer than ``--timeout``, faulthandler writes every thread's stack where
+    the kernel reads it when it gives up waiting: ``setup-stacks-<pid>.txt`` in the cluster's folder (ranks on
+    the kernel's host), else this process's stderr (the launcher's output). Returns what ends the watch."""
+    import faulthandler
+    import threading
+
+    from jdist.common.stacks import SETUP_DUMP_PREFIX, setup_dump_header
+
+    work_dir = None if config.get("network") else config.get("work_dir")
+    path = os.path.join(work_dir, f"{SETUP_DUMP_PREFIX}{os.getpid()}.txt") if work_dir else None
+    try:
+        if path:
+            from mpi4py import MPI  # the engine's MPI is up: a local question, it cannot wait for others
+
+            out = open(path, "w")
+            out.write(setup_dump_header(os.getpid(), threading.main_thread().ident or 0, MPI.COMM_WORLD.Get_rank()))
+            out.flush()
+        elif sys.__stderr__ is not None:
+            out = sys.__stderr__
+        else:
+            return lambda: None
+        faulthandler.dump_traceback_later(float(config.get("timeout", 60)), file=out)
+    except (OSError, ValueError):  # no dump is no reason to fail the set-up
+        return lambda: None
+
+    def stop() -> None:
+        faulthandler.cancel_dump_traceback_later()
+        if path:
+            out.close()
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    return stop
 
 
 def mpi_world() -> World:
