@@ -87,6 +87,9 @@ class ClusterSession:
         self.started_at: float | None = None
         self.state_file: Path | None = None
         self.paused: set[int] = set()  # ranks stopped at breakpoint() (the sidebar shows them paused)
+        #: Ranks whose part of a cell did not stop after an interrupt or a release: (its ipyparallel future,
+        #: where it waited); a later cell would queue behind it (:meth:`still_running`)
+        self.unfinished: dict[int, tuple[Any, str]] = {}
         self.work_dir: Path | None = None  # private (0700): process-group store, rank stack dumps
         #: What %dist restart replays before restoring a checkpoint.
         self.recovery = RecoveryLog()
@@ -295,7 +298,7 @@ class ClusterSession:
         atexit.unregister(self.stop)
         statefile.remove(self.state_file)
         self.state_file = None
-        n_ranks, self.ranks, self._engine_of_rank = len(self.ranks), [], {}
+        n_ranks, self.ranks, self._engine_of_rank, self.unfinished = len(self.ranks), [], {}, {}
         work_dir, self.work_dir = self.work_dir, None
         reaper_proc, self._reaper = self._reaper, None
         if client is not None and not busy:
@@ -348,7 +351,7 @@ class ClusterSession:
             self.client.close()
         self.client = self.ipp = self.launcher = None
         self.state_file = self.work_dir = None
-        self.ranks, self._engine_of_rank = [], {}
+        self.ranks, self._engine_of_rank, self.unfinished = [], {}, {}
 
     @classmethod
     def attach(cls, state: dict[str, Any], work_dir: Path) -> ClusterSession:
@@ -395,6 +398,12 @@ class ClusterSession:
         (self.paused.add if paused else self.paused.discard)(rank)
         if self.paused != before and self.state_file is not None:
             self.state_file = statefile.write(self.state())
+
+    def still_running(self, ranks: Sequence[int]) -> dict[int, str]:
+        """Of ``ranks``, those still in the part of an earlier cell that did not stop, and where they waited
+        when that cell ended (no question to the ranks: the cell's futures say whether their part ended)."""
+        self.unfinished = {r: (f, where) for r, (f, where) in self.unfinished.items() if not f.done()}
+        return {r: self.unfinished[r][1] for r in ranks if r in self.unfinished}
 
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""

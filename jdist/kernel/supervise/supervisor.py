@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jdist.common.stacks import IDLE, describe, summary
 from jdist.common.waiting import poll_until
-from jdist.errors import RankFailure
+from jdist.errors import ClusterError, RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
 from jdist.plugins import backend_spec
@@ -41,7 +41,7 @@ from .detectors import DEATH_REPORT_S, Detector, EndGrace, Release, Stop, defaul
 from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
-from .report import CellResult
+from .report import CellResult, rank_ranges
 from .view import IppCellView, Message
 
 if TYPE_CHECKING:
@@ -108,6 +108,13 @@ class CellSupervisor:
         t0 = time.perf_counter()
         code = self.code
         started: list[CellHook] = []
+        busy = self.cluster.still_running(self.ranks)
+        if busy:
+            raise ClusterError(
+                f"This cell did not run: {rank_ranges(busy)} {'is' if len(busy) == 1 else 'are'} still in an earlier "
+                "cell that did not stop, and it would wait behind it. Run %dist restart to get the ranks back (their "
+                "variables are lost), or --targets other ranks. Where the earlier cell had them when it ended:",
+                *(f"  rank {r}: {where}" for r, where in sorted(busy.items())))
         try:
             for hook in self.hooks:
                 code = hook.before(self, code)
@@ -262,6 +269,8 @@ class CellSupervisor:
             poll_until(lambda: not ended & set(view.running()), IDLE_REPLY_S)
             obs.stuck = view.running()
             stuck_stacks = {r: what for r, what in stuck_stacks.items() if r in obs.stuck}
+            cluster.unfinished.update({r: (future, stuck_stacks.get(r, "still running"))
+                                       for r, future in view.futures(obs.stuck).items()})
         self._pump()
         if obs.death is not None:
             d = obs.death

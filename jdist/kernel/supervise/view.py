@@ -99,6 +99,10 @@ class IppCellView:
     def done_count(self) -> int:
         return sum(c.done() for c in self._children)
 
+    def futures(self, ranks: Sequence[int]) -> dict[int, Any]:
+        """Each of ``ranks``' ipyparallel future of this cell (``done()`` once its part ended)."""
+        return {r: c for r, c in zip(self.ranks, self._children) if r in ranks}
+
     def running(self) -> list[int]:
         """Ranks whose part of the cell has not ended."""
         return [r for r, c in zip(self.ranks, self._children) if not c.done()]
