@@ -256,7 +256,7 @@ def test_the_fault_promise(row: Row, fault: str) -> None:
         if fault == "second interrupt" and not automatic:  # rank 1 still loops: a cell would wait behind it
             out = row.k.run("%%distributed\nx = 1", allow_error=True)
             assert out.error["ename"] == "ClusterError" and "This cell did not run: rank" in out.shown, out.shown
-            assert f"  rank 1: running {expected(fault, row)[1].split('running ')[1]}" in out.shown, out.shown
+            assert "  rank 1: running cell line" in out.shown, out.shown  # where the earlier cell left it
         if not automatic:
             assert "Restarted 2 rank(s)" in row.k.run("%dist restart", timeout=300).stdout
     else:

@@ -272,7 +272,7 @@ class ClusterSession:
             lines += [f"Rank {rank} (process {pid}), {self.config.timeout:g} s into its set-up (innermost call last):",
                       format_stack(frames[:SETUP_FRAMES]) if frames else "  (its stack was not written)"]
         if not dumps and self.launcher is not None and self.launcher.output().strip():
-            lines += ["The ranks' output (their stacks after --timeout s, where they wrote them):",
+            lines += ["The ranks' output (with their stacks, written after --timeout s):",
                       *self.launcher.output().splitlines()[-40:]]
         return lines
 

@@ -100,7 +100,7 @@ def watch_setup(config: SetupConfig) -> Callable[[], None]:
         else:
             return lambda: None
         faulthandler.dump_traceback_later(float(config.get("timeout", 60)), file=out)
-    except (OSError, ValueError):  # no dump is no reason to fail the set-up
+    except Exception:  # no dump is no reason to fail the set-up (whose own steps then say what is wrong)
         return lambda: None
 
     def stop() -> None:
