@@ -257,6 +257,10 @@ def test_the_fault_promise(row: Row, fault: str) -> None:
             out = row.k.run("%%distributed\nx = 1", allow_error=True)
             assert out.error["ename"] == "ClusterError" and "This cell did not run: rank" in out.shown, out.shown
             assert "  rank 1: running cell line" in out.shown, out.shown  # where the earlier cell left it
+            row.k.run("marker = 1")
+            for command in ("%dist pull kept", "%dist push marker"):  # nor what these would send the ranks
+                out = row.k.run(command, allow_error=True)
+                assert out.error["ename"] == "ClusterError" and f"{command} did not run: rank" in out.shown, out.shown
         if not automatic:
             assert "Restarted 2 rank(s)" in row.k.run("%dist restart", timeout=300).stdout
     else:

@@ -405,6 +405,20 @@ class ClusterSession:
         self.unfinished = {r: (f, where) for r, (f, where) in self.unfinished.items() if not f.done()}
         return {r: self.unfinished[r][1] for r in ranks if r in self.unfinished}
 
+    def require_free(self, ranks: Sequence[int] | None, what: str, narrow: str = "--targets") -> None:
+        """Raise a :class:`ClusterError` naming the ranks of ``ranks`` (None: all) still in an earlier cell that
+        did not stop: ``what`` (e.g. "This cell") would wait behind it, so it is not sent. ``narrow``: the
+        option that picks other ranks."""
+        from .supervise.report import rank_ranges
+
+        busy = self.still_running(sorted(self._engine_of_rank) if ranks is None else ranks)
+        if busy:
+            raise ClusterError(
+                f"{what} did not run: {rank_ranges(busy)} {'is' if len(busy) == 1 else 'are'} still in an earlier "
+                "cell that did not stop, and it would wait behind it. Run %dist restart to get the ranks back (their "
+                f"variables are lost), or {narrow} another rank. Where the earlier cell had them when it ended:",
+                *(f"  rank {r}: {where}" for r, where in sorted(busy.items())))
+
     def restart(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Stop and start again with the same configuration (all rank state is lost)."""
         self.stop()
@@ -509,10 +523,12 @@ class ClusterSession:
 
     def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
         """The value of ``name`` from each rank's namespace, in rank order."""
+        self.require_free(ranks, f"%dist pull {name}", "--rank")
         return self.call("get_global", name, ranks=ranks)
 
     def push(self, name: str, value: Any, ranks: Sequence[int] | None = None) -> None:
         """Set ``name`` to ``value`` in each rank's namespace (``%dist restart`` pushes it again)."""
+        self.require_free(ranks, f"%dist push {name}", "--rank")
         self._send(ranks, lambda client, engines: client[engines].push({name: value}, block=True))
         self.recovery.note_push(name, value, list(ranks) if ranks is not None else None)
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jdist.common.stacks import IDLE, describe, summary
 from jdist.common.waiting import poll_until
-from jdist.errors import ClusterError, RankFailure
+from jdist.errors import RankFailure
 from jdist.metrics import Run
 from jdist.options import CellOptions
 from jdist.plugins import backend_spec
@@ -41,7 +41,7 @@ from .detectors import DEATH_REPORT_S, Detector, EndGrace, Release, Stop, defaul
 from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
-from .report import CellResult, rank_ranges
+from .report import CellResult
 from .view import IppCellView, Message
 
 if TYPE_CHECKING:
@@ -108,13 +108,7 @@ class CellSupervisor:
         t0 = time.perf_counter()
         code = self.code
         started: list[CellHook] = []
-        busy = self.cluster.still_running(self.ranks)
-        if busy:
-            raise ClusterError(
-                f"This cell did not run: {rank_ranges(busy)} {'is' if len(busy) == 1 else 'are'} still in an earlier "
-                "cell that did not stop, and it would wait behind it. Run %dist restart to get the ranks back (their "
-                "variables are lost), or --targets other ranks. Where the earlier cell had them when it ended:",
-                *(f"  rank {r}: {where}" for r, where in sorted(busy.items())))
+        self.cluster.require_free(self.ranks, "This cell")
         try:
             for hook in self.hooks:
                 code = hook.before(self, code)
