@@ -90,8 +90,9 @@ def test_a_rank_that_handles_the_interrupt_and_then_waits_in_a_collective_is_rel
     at the grace's first look (2 s) no rank has stopped yet and the kernel must look again (CI once saw
     a loaded rank stop only after that first look)."""
     out = faults.interrupted("%%distributed\ntry:\n    print('looping', flush=True)\n    while True:\n"
-                             "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n        time.sleep(1)\n"
-                             "        dist.all_reduce(torch.ones(1))\n    else:\n        time.sleep(2.5)\n"
+                             "        time.sleep(0.01)\nexcept KeyboardInterrupt:\n    if rank == 1:\n"
+                             "        time.sleep(1)\n        dist.all_reduce(torch.ones(1))\n"
+                             "    else:\n        time.sleep(2.5)\n"
                              "    raise", "looping", timeout=60)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
     assert "did not stop" not in out.shown, out.shown

@@ -88,7 +88,7 @@ class ClusterSession:
         self.state_file: Path | None = None
         self.paused: set[int] = set()  # ranks stopped at breakpoint() (the sidebar shows them paused)
         #: Ranks whose part of a cell did not stop after an interrupt or a release: (its ipyparallel future,
-        #: where it waited); a later cell would queue behind it (:meth:`still_running`)
+        #: where it waited); a later cell would queue behind it (:meth:`require_free`)
         self.unfinished: dict[int, tuple[Any, str]] = {}
         self.work_dir: Path | None = None  # private (0700): process-group store, rank stack dumps
         #: What %dist restart replays before restoring a checkpoint.
@@ -399,19 +399,15 @@ class ClusterSession:
         if self.paused != before and self.state_file is not None:
             self.state_file = statefile.write(self.state())
 
-    def still_running(self, ranks: Sequence[int]) -> dict[int, str]:
-        """Of ``ranks``, those still in the part of an earlier cell that did not stop, and where they waited
-        when that cell ended (no question to the ranks: the cell's futures say whether their part ended)."""
-        self.unfinished = {r: (f, where) for r, (f, where) in self.unfinished.items() if not f.done()}
-        return {r: self.unfinished[r][1] for r in ranks if r in self.unfinished}
-
     def require_free(self, ranks: Sequence[int] | None, what: str, narrow: str = "--targets") -> None:
         """Raise a :class:`ClusterError` naming the ranks of ``ranks`` (None: all) still in an earlier cell that
         did not stop: ``what`` (e.g. "This cell") would wait behind it, so it is not sent. ``narrow``: the
-        option that picks other ranks."""
+        option that picks other ranks. Asks nothing of the ranks: the cell's futures say whether their part ended."""
         from .supervise.report import rank_ranges
 
-        busy = self.still_running(sorted(self._engine_of_rank) if ranks is None else ranks)
+        self.unfinished = {r: (f, where) for r, (f, where) in self.unfinished.items() if not f.done()}
+        busy = {r: self.unfinished[r][1] for r in (sorted(self._engine_of_rank) if ranks is None else ranks)
+                if r in self.unfinished}
         if busy:
             raise ClusterError(
                 f"{what} did not run: {rank_ranges(busy)} {'is' if len(busy) == 1 else 'are'} still in an earlier "

@@ -498,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["CLUSTER_LABEL", "DEFAULT_TRAINING_RUNTIME", "MPIJOB_GROUP", "MPIJOB_PLURAL", "MPIJOB_VERSION", "ROLE_LABEL",
            "RUNTIMES", "TRAINER_GROUP", "TRAINER_VERSION", "TRAINJOB_PLURAL", "JobSpec", "Owner", "check_name",
-           "check_runtime", "job", "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role", "role_binding", "ssh_secret",
-           "training_runtime", "trainjob", "worker_hosts"]
+           "check_runtime", "job", "job_name", "mpijob", "parse_node_selector", "parse_tolerations", "role",
+           "role_binding", "ssh_secret", "training_runtime", "trainjob", "worker_hosts"]
 
 if __name__ == "__main__":
     sys.exit(main())
