@@ -142,3 +142,25 @@ def test_a_failure_releases_the_others_at_once_but_a_dead_engine_waits_for_the_l
     assert detector.poll(100.0, sup) is None
     assert detector.poll(100.0 + after - 0.01, sup) is None
     assert detector.poll(100.0 + after, sup) == Release("failure")
+
+
+def test_ranks_left_in_a_collective_after_others_stopped_are_released_again_every_two_seconds():
+    from jdist.kernel.supervise.detectors import LeftInCollective, ReleaseAgain
+
+    running = [0, 1]
+    cluster = FakeCluster("ddp", {0: blocked_in(IN_ALL_REDUCE), 1: training([CELL])})
+    sup = SimpleNamespace(releasing=False, ranks=[0, 1], cluster=cluster, view=SimpleNamespace(running=lambda: running))
+    left = LeftInCollective()
+    assert left.poll(10.0, sup) is None  # no grace: nothing to look at
+    sup.releasing = True
+    assert left.poll(10.0, sup) is None and left.poll(11.9, sup) is None and cluster.asked == []
+    assert left.poll(12.0, sup) is None and cluster.asked == []  # every rank still running: none stopped yet
+    running.remove(1)  # rank 1 stopped; rank 0 waits for it in all_reduce
+    assert left.poll(13.0, sup) is None  # the next look is 2 s after the last
+    assert left.poll(14.0, sup) == ReleaseAgain([0])
+    assert left.poll(15.0, sup) is None and left.poll(16.0, sup) == ReleaseAgain([0])  # and again, while it waits
+    cluster.behaviour[0] = training([CELL])  # released: back in the cell's own code, stopping
+    assert left.poll(18.0, sup) is None
+    tf = FakeCluster("tf", {0: blocked_in(IN_ALL_REDUCE)})  # TF's collectives cannot be released: no look
+    sup.cluster, left = tf, LeftInCollective()
+    assert left.poll(20.0, sup) is None and left.poll(22.0, sup) is None and tf.asked == []

@@ -96,12 +96,16 @@ class Guard:
             self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
         _watch_signals()
 
-    def note_group_sockets(self, before: set[int], more: bool = False) -> None:
+    def note_group_sockets(self, before: dict[int, str], more: bool = False) -> None:
         """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it): the
-        default group's (``more``: another group's, kept beside them)."""
+        default group's (``more``: another group's, kept beside them).
+
+        A socket is new if its fd was not open before, or was open on another socket: an old group that
+        is freed while the new one connects (a failed trial's traceback held it) closes fds that the new
+        group's sockets then reuse."""
         if not more:
             self.group_fds, self.group_ports = {}, set()
-        for fd in socket_fds() - before:
+        for fd in [fd for fd, target in socket_fds().items() if before.get(fd) != target]:
             with _borrow(fd) as sock:
                 if sock is None:
                     continue
@@ -238,9 +242,9 @@ def progress(marker: Callable[[], str | None] | None = None) -> Progress:
     return Progress(time.monotonic(), time.process_time(), main_cpu, marker() if marker is not None else None)
 
 
-def socket_fds() -> set[int]:
-    """File descriptors of this process that are sockets."""
-    return {fd for fd, target in open_files(os.getpid()).items() if target.startswith("socket:")}
+def socket_fds() -> dict[int, str]:
+    """This process's file descriptors that are sockets -> which socket (``socket:[inode]``)."""
+    return {fd: target for fd, target in open_files(os.getpid()).items() if target.startswith("socket:")}
 
 
 class _borrow:

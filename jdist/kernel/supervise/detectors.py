@@ -26,6 +26,9 @@ RELEASE_GRACE_S = 0.25
 #: launcher reports with its cause: this long for that report before the failure is taken as a rank's error
 #: (under load the nanny's word came first, and the other rank was released as after an exception).
 DEATH_REPORT_S = 10.0
+#: Every this many seconds of a grace (after an interrupt, a release or a sweep's stop), ranks still waiting in a
+#: collective while others of theirs have stopped are released again (:class:`LeftInCollective`).
+RERELEASE_S = 2.0
 #: How long the hang watchdog waits for the ranks' samples (answered in milliseconds; a rank
 #: that holds the GIL for longer is busy, not blocked in a collective, which releases it).
 SAMPLE_TIMEOUT_S = 0.5
@@ -47,7 +50,13 @@ class EndGrace:
     """No rank still running can stop: end the wait for them now (they are named as not stopping)."""
 
 
-Action = Stop | Release | EndGrace
+@dataclass(frozen=True)
+class ReleaseAgain:
+    """Release these ranks again: they wait in a collective that ranks which stopped will not join."""
+    ranks: list[int]
+
+
+Action = Stop | Release | EndGrace | ReleaseAgain
 
 
 class Detector(Protocol):
@@ -159,5 +168,38 @@ class UnreleasableWait:
         return EndGrace() if all(waiting) else None
 
 
+class LeftInCollective:
+    """During a grace (``sup.releasing``), every ``every`` seconds: where some of ``sup.ranks`` have stopped,
+    the ranks still waiting in a collective are to be released again (:class:`ReleaseAgain`).
+
+    The first release found them outside any collective (they handled the interrupt, or it came just before
+    they entered one), and the stopped ranks will not join the one they wait in now. Seen under load: a rank of
+    a DeepSpeed ZeRO-3 cell went on into an all-gather after the interrupt, and a trial's rank waited out its
+    grace in ``all_reduce``; once, at a single look 2 s in, no rank had stopped yet, so one look is not
+    enough. ``sup``: a cell's supervisor or a sweep's trial (``releasing``, ``ranks``, ``view``, ``cluster``)."""
+
+    def __init__(self, every: float = RERELEASE_S):
+        self.every = every
+        self.next: float | None = None  # the next look (None: no grace yet)
+
+    def poll(self, now: float, sup: CellSupervisor) -> Action | None:
+        if not sup.releasing:
+            self.next = None
+            return None
+        if self.next is None:
+            self.next = now + self.every
+        if now < self.next:
+            return None
+        self.next = now + self.every
+        running = sup.view.running()
+        spec = backend_spec(sup.cluster.config.backend)
+        if not running or len(running) == len(sup.ranks) or not spec.releases:  # (TF: its waits cannot be released)
+            return None
+        samples = sup.cluster.samples(running, timeout=SAMPLE_TIMEOUT_S)
+        waiting = [r for r in running
+                   if r in samples and describe(samples[r].frames, spec.backward_waits, spec.collective_paths)]
+        return ReleaseAgain(waiting) if waiting else None
+
+
 def default_detectors(watchdog: float) -> list[Detector]:
-    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog), UnreleasableWait()]
+    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog), UnreleasableWait(), LeftInCollective()]

@@ -28,7 +28,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from jdist.common.stacks import IDLE, describe, summary
+from jdist.common.stacks import IDLE, summary
 from jdist.common.waiting import poll_until
 from jdist.errors import RankFailure
 from jdist.metrics import Run
@@ -37,7 +37,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import parse_message
 
 from .collect import RecordCollector
-from .detectors import DEATH_REPORT_S, Detector, EndGrace, Release, Stop, default_detectors
+from .detectors import DEATH_REPORT_S, Detector, EndGrace, Release, ReleaseAgain, Stop, default_detectors
 from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
@@ -58,13 +58,6 @@ class Phase(str, Enum):
     RELEASING = "releasing"
     DRAINING = "draining"
     DONE = "done"
-
-
-#: Every this many seconds of an interrupt's or a release's grace, ranks still waiting in a collective, while
-#: others have stopped, get SIGINT again (:meth:`CellSupervisor._rerelease`; seen under load: a rank of a
-#: DeepSpeed ZeRO-3 cell went on into a collective after the interrupt and waited out the grace; once, at
-#: the only look 2 s in, no rank had stopped yet, so a look once is not enough).
-RERELEASE_S = 2.0
 
 
 class CellSupervisor:
@@ -97,7 +90,6 @@ class CellSupervisor:
         self.last_progress = time.monotonic()
         self.deadline: float | None = None
         self.grace_began: float | None = None
-        self.next_rerelease: float | None = None  # when the grace next looks for ranks left in a collective
         self.paused: set[int] = set()  # ranks stopped in a debugger (no hang while they are)
 
     @property
@@ -159,9 +151,9 @@ class CellSupervisor:
                     if isinstance(action, EndGrace):
                         self.deadline = now
                         break
-                if self.next_rerelease is not None and now >= self.next_rerelease:
-                    self.next_rerelease = now + RERELEASE_S
-                    self._rerelease()
+                    if isinstance(action, ReleaseAgain):
+                        self.cluster.interrupt(action.ranks)
+                        break
             except KeyboardInterrupt:
                 if not self.obs.interrupted:
                     self.obs.interrupted = True
@@ -181,26 +173,6 @@ class CellSupervisor:
         self.phase = Phase.RELEASING
         self.grace_began = time.monotonic()
         self.deadline = self.grace_began + self.cluster.config.interrupt_grace
-        self.next_rerelease = self.grace_began + RERELEASE_S
-
-    def _rerelease(self) -> None:
-        """Every :data:`RERELEASE_S` of a grace: where some ranks have stopped, the ranks still waiting in a
-        collective (which the stopped ones will not join) get SIGINT again, so that their guard releases it.
-        The first one found them outside any collective: they handled it, or it came just before they
-        entered one."""
-        running = self.view.running()
-        if not running or len(running) == len(self.ranks):
-            return
-        spec = backend_spec(self.cluster.config.backend)
-        if not spec.releases:  # its collectives cannot be released (TF): the grace and its report as before
-            return
-        try:
-            stacks = self.cluster.stacks(running)
-        except Exception:  # no stacks: the grace goes on as it would have
-            return
-        waiting = [r for r, frames in stacks.items() if describe(frames, spec.backward_waits, spec.collective_paths)]
-        if waiting:
-            self.cluster.interrupt(waiting)
 
     def _pump(self) -> bool:
         """Hand every queued message on; True if there was any (a host's load sample does not count: it

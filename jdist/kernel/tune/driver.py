@@ -17,7 +17,7 @@ from jdist.protocol import TUNE_REPLY, RankCall
 
 from ..sinks import RunLogSink
 from ..supervise.collect import RecordCollector
-from ..supervise.detectors import HangWatchdog, Release
+from ..supervise.detectors import HangWatchdog, LeftInCollective, Release, ReleaseAgain
 from ..supervise.view import IppCellView
 from .requests import answer, as_request
 from .view import SweepView
@@ -88,6 +88,8 @@ class TrialRun:
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
     #: The hang watchdog of a cell (--watchdog), on this trial's ranks: what it reads (below) is the trial's.
     watchdog: HangWatchdog | None = None
+    #: Once stopped, its ranks still waiting in a collective that stopped ranks will not join get the stop again.
+    left: LeftInCollective = field(default_factory=LeftInCollective)
     cluster: Any = None
     last_progress: float = field(default_factory=time.monotonic)  # a message of the trial, or a rank ending it
     done_count: int = 0
@@ -431,6 +433,8 @@ class Sweep:
             why = "a rank failed" if tr.stopped == "released" else tr.stopped
             self.stuck.append(f"{self._describe(tr)} did not stop within {self.grace_s:g} s (--interrupt-grace) "
                               f"of being stopped ({why})")
+        elif isinstance(again := tr.left.poll(time.monotonic(), tr), ReleaseAgain):
+            self._send_stop(tr, again.ranks)
 
     def _hung(self, tr: TrialRun) -> dict[int, str] | None:
         """The cells' hang watchdog on this trial (:class:`~jdist.kernel.supervise.detectors.HangWatchdog`: no
@@ -449,8 +453,11 @@ class Sweep:
         a message for this trial on each rank's control channel, not a signal to the process, which could
         reach the trial queued behind it (:func:`jdist.rank.tune.stop_trial`)."""
         tr.stopped, tr.stopped_at = why, time.time()
-        for rank in tr.view.running():
-            self.cluster.reply(rank, TUNE_REPLY, {"trial": tr.trial.number, "stop": why})
+        self._send_stop(tr, tr.view.running())
+
+    def _send_stop(self, tr: TrialRun, ranks: list[int]) -> None:
+        for rank in ranks:
+            self.cluster.reply(rank, TUNE_REPLY, {"trial": tr.trial.number, "stop": tr.stopped})
 
     def _where(self, tr: TrialRun) -> list[str]:
         where = self._where_ranks(tr.view.running())
