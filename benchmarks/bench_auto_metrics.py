@@ -19,7 +19,9 @@ second table (``--in-process``, also run by default) measures the hooks' own cos
 varies: one process, one gloo rank, pinned to one core where it can be, the ~1 ms model's loop with a
 jdist rank session and its publisher thread (records encoded as for the kernel, then dropped), blocks of
 steps interleaved: no hooks, automatic metrics without timing the DDP, and all of them. The
-target there is the 1 ms budget: ≤ 30 µs a step.
+target there is the 1 ms budget: ≤ 30 µs a step. (Until 2026-11-28 this table left the DDP's reads out: each
+block's new ``AutoSteps`` did not know the DDP built before it, so only the reducer's statistics were paid for;
+with the reads, every step, automatic metrics cost +92 µs. They are now read on a sample of short steps.)
 
 A third table (``--comm-check-only``, also run by default) checks the communication time the records carry
 for a DDP timed by its reducer: the ~10 ms model (two buckets) under ``jdist run -n 2``, rank 0's
@@ -133,6 +135,10 @@ def run_once(kind: str, work: Path, steps: int, width: int, retried: bool = Fals
 IN_PROCESS = (("no hooks", False, False), ("hooks, DDP not timed", True, False), ("automatic metrics on", True, True))
 
 
+#: How often the DDP's reducer timed a step in the last in-process block (1: every step).
+every = [0]
+
+
 def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, float]]:
     """(median, mean) step (s) of each :data:`IN_PROCESS` variant: the median over the blocks of each block's
     median and mean, blocks of ``per_block`` steps interleaved. The mean also holds what the publisher thread
@@ -159,6 +165,7 @@ def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, floa
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     x, y = torch.randn(32, 64), torch.randn(32, 1)
+    every[0] = 0
     medians: dict[str, list[float]] = {label: [] for label, _, _ in IN_PROCESS}
     means: dict[str, list[float]] = {label: [] for label, _, _ in IN_PROCESS}
     with local_session(channel=Encoded()) as s:
@@ -175,12 +182,14 @@ def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, floa
             model = DistributedDataParallel(torch.nn.Sequential(
                 torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
             auto_metrics.AutoSteps.time_by_reducer = real
-            loops[label] = (auto, model, torch.optim.SGD(model.parameters(), lr=0.01))
+            loops[label] = (auto, timed, model, torch.optim.SGD(model.parameters(), lr=0.01))
         for _ in range(blocks):
-            for label, (auto, model, opt) in loops.items():
+            for label, (auto, timed, model, opt) in loops.items():
                 auto_metrics.disable(s)
                 if auto:
-                    auto_metrics.enable(s)
+                    steps = auto_metrics.enable(s)  # a new AutoSteps: the DDP is given to it again
+                    if timed:
+                        steps.time_by_reducer(model)
                 times = []
                 for _ in range(per_block):
                     t = time.perf_counter()
@@ -189,6 +198,8 @@ def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, floa
                     loss.backward()
                     opt.step()
                     times.append(time.perf_counter() - t)
+                if auto and timed:
+                    every[0] = steps.reduced[0].every
                 means[label].append(sum(times) / len(times))
                 times.sort()
                 medians[label].append(times[len(times) // 2])
@@ -212,6 +223,8 @@ def print_in_process(blocks: int) -> dict[str, tuple[float, float]]:
         ok = ("yes" if added <= 30 else "NO") if target else ""
         print(f"{label:<24} {1e6 * step:>6.1f} µs {added:>+6.1f} µs {1e6 * mean:>6.1f} µs "
               f"{1e6 * (mean - base_mean):>+6.1f} µs  {target:<15} {ok}")
+    print(f"(the DDP's communication timed on every {every[0]}th step at this step time: the others' records have "
+          "no comm time; auto_metrics.READ_EVERY_S)")
     return steps
 
 

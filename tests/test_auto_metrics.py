@@ -250,6 +250,74 @@ def test_accumulation_is_one_step_a_scaled_loss_is_unscaled_and_an_explicit_log_
         assert torch.autograd.backward.__module__ == "torch.autograd"
 
 
+#: A DDP timed by its reducer, in a process of its own (a one-rank gloo group): each record's communication
+#: intervals must lie inside its own step, through steps of one backward (read a step late), accumulation over
+#: no_sync, accumulation that syncs every backward, and the cell's end. (A step of one backward right before one
+#: that syncs every backward is left without: the DDP overwrote its interval before the next step could read it.)
+REDUCER_STEPS = r"""
+import json, socket, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from jdist.rank.auto_metrics import enable
+from jdist.rank.session import local_session
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+ends, queued = [], []
+with local_session() as s:
+    add = s.add_entry
+    s.add_entry = lambda rec, now, intervals, *rest: (queued.append((rec["step"], intervals or [])),
+                                                       add(rec, now, intervals, *rest))
+    enable(s)
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    def loss():
+        return model(torch.randn(4, 8)).pow(2).mean()
+    for step, kind in enumerate(["one"] * 3 + ["no_sync", "one", "no_sync", "sync_each", "sync_each", "one"]):
+        ends.append(time.perf_counter())  # the step begins
+        if kind == "one":
+            loss().backward()
+        for micro in range(3 if kind != "one" else 0):
+            if kind == "no_sync" and micro < 2:
+                with model.no_sync():
+                    loss().backward()
+            else:
+                loss().backward()
+        opt.step(); opt.zero_grad()
+        time.sleep(0.012)  # (longer than READ_EVERY_S: every step timed)
+    ends.append(time.perf_counter())
+    records = s.end_cell()["records"]
+    s.begin_cell()  # short steps: timed on a sample, the others without comm time
+    for step in range(100):
+        loss().backward(); opt.step(); opt.zero_grad()
+    short = s.end_cell()["records"]
+print(json.dumps({"bounds": ends, "queued": queued, "comm": [r.get("comm_time_s") for r in records],
+                  "short": [(r.get("comm_time_s"), r.get("compute_time_s"), r["step_time_s"]) for r in short]}))
+"""
+
+
+def test_a_ddp_timed_by_its_reducer_gives_each_step_its_own_communication(tmp_path):
+    import json
+
+    out = subprocess.run([sys.executable, "-c", REDUCER_STEPS], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    bounds, queued = got["bounds"], got["queued"][:9]  # (the first cell's)
+    assert [step for step, _ in queued] == list(range(9))
+    for step, intervals in queued:
+        syncs = 3 if step in (6, 7) else 1  # accumulation that syncs every backward: DDP notes the last two
+        assert 1 <= len(intervals) <= syncs, (step, intervals)
+        for start, end in intervals:
+            assert bounds[step] < start <= end < bounds[step + 1], (step, start, end, bounds)
+    assert all(c and c > 0 for c in got["comm"]), got["comm"]
+    short = got["short"]
+    timed = [i for i, (comm, compute, step) in enumerate(short) if comm is not None]
+    assert len(short) == 100 and all(step > 0 for _, _, step in short)
+    assert all(short[i][0] > 0 and short[i][1] is not None for i in timed)  # the others have neither
+    assert all(compute is None for comm, compute, _ in short if comm is None)
+    assert 10 <= len(timed) < 90 and max(b - a for a, b in zip(timed, timed[1:])) <= 11, timed
+
+
 def test_auto_metrics_is_honoured_by_jdist_run_and_the_notebook_and_refused_by_ray_fit():
     from jdist.cli import SCRIPT
     from jdist.kernel.raytrain import RAY
@@ -328,7 +396,8 @@ HOOKS = ("import torch, torch.distributed as dist\n"
          "from torch.nn.parallel import DistributedDataParallel\n"
          "from torch.amp.grad_scaler import GradScaler\n"
          "hooked = [len(post), *(f.__module__.startswith('jdist') for f in (torch.autograd.backward, "
-         "dist.all_reduce, dist.all_gather_single, DistributedDataParallel.__init__, GradScaler.step)), "
+         "dist.all_reduce, dist.all_gather_single, DistributedDataParallel.__init__, DistributedDataParallel.forward, "
+         "GradScaler.step)), "
          "jdist.rank.session().auto is not None]\n")
 
 
@@ -367,12 +436,12 @@ def test_a_script_logging_itself_has_one_loss_series_and_auto_metrics_off_instal
     assert all(r["comm_time_s"] > 0 for r in records if r["step"] > 0)  # the script's DDP, timed
     kernel.run("%%distributed\n" + HOOKS)
     kernel.run("%dist pull hooked")
-    assert kernel.value("hooked") == [[1, True, True, True, True, True, True]] * 2
+    assert kernel.value("hooked") == [[1, True, True, True, True, True, True, True]] * 2
     before = kernel.value("jdist.last_run().run_id")
     kernel.run(f"%%distributed --auto-metrics off\n%run {scripts / 'examples.py'} --steps 2\n" + HOOKS)
     assert kernel.value("jdist.last_run().run_id") == before  # no records: no run
     kernel.run("%dist pull hooked")
-    assert kernel.value("hooked") == [[0, False, False, False, False, False, False]] * 2  # no hook at all
+    assert kernel.value("hooked") == [[0, False, False, False, False, False, False, False]] * 2  # no hook at all
     kernel.run("%%distributed --auto-metrics on\npass")
 
 

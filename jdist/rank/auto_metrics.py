@@ -28,15 +28,15 @@ is dropped, its communication intervals handed to that log's record; so one loss
 one, and nothing doubled. ``--auto-metrics off`` installs none of these hooks (and removes them from a
 running cluster).
 
-The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one
-post hook (a clock reading, a small dict and tuple: the record held back; on CPU ranks, per DDP the
-reducer's own statistics, two C++ calls of a few µs), per collective a timing wrapper (two clock
-readings). On GPU ranks, per DDP gradient bucket a clock reading in jdist's communication hook, whose
-future has one Python callback (taking the reduced tensor out of the all-reduce's result, as torch's own
-``allreduce_hook`` does; the bucket's interval ends with the backward pass, so there is no second
-callback for timing). Such a callback is a thread switch with the GIL: about 100 µs a step at 2 CPU ranks
-on 2 cores, which is why CPU ranks use DDP's own clock instead (GPU ranks cannot: DDP reads its CUDA
-timing events by synchronising). Nothing is read from a device, nothing is locked.
+The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one post hook
+(a clock reading, a small dict and tuple: the record held back; on CPU ranks, per DDP its reducer's own
+statistics, read on a sample of short steps: :data:`READ_EVERY_S`), per DDP forward a wrapper call that notes
+the step, per collective a timing wrapper (two clock readings). On GPU ranks, per DDP gradient bucket a clock
+reading in jdist's communication hook, whose future has one Python callback (taking the reduced tensor out of
+the all-reduce's result, as torch's own ``allreduce_hook`` does; the bucket's interval ends with the backward
+pass, so there is no second callback for timing). Such a callback is a thread switch with the GIL: about 100
+µs a step at 2 CPU ranks on 2 cores, which is why CPU ranks use DDP's own clock instead (GPU ranks cannot: DDP
+reads its CUDA timing events by synchronising). Nothing is read from a device, nothing is locked.
 
 Example (a session of one process; the hooks are torch's):
     >>> import torch
@@ -59,7 +59,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import TIMING, CommTimer
-from .stream import Entry
+from .stream import UNSAMPLED, Entry
 
 if TYPE_CHECKING:
     from .session import RankSession
@@ -68,6 +68,29 @@ if TYPE_CHECKING:
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "reduce",
                "all_to_all", "all_to_all_single")
+
+
+#: A DDP timed by its reducer is read about this often (seconds): every step of steps this long or longer, every
+#: n-th step of shorter ones (n <= :data:`READ_EVERY_MAX`), its reducer then also keeping statistics of those
+#: steps only. A read costs 30-50 µs (the reducer's logging data, copied out of C++), the statistics 10-15 µs.
+READ_EVERY_S = 0.01
+READ_EVERY_MAX = 10  # (at least two timed steps in the panels' 20 recent ones)
+
+
+class _Reduced:
+    """A DDP whose all-reduce its reducer times (:meth:`AutoSteps.time_by_reducer`)."""
+
+    __slots__ = ("ref", "end", "timed", "used", "every", "next_read", "read_at", "read_step")
+
+    def __init__(self, ddp: Any) -> None:
+        self.ref = weakref.ref(ddp)
+        self.end = 0  # the end (epoch ns) of the last interval read
+        self.timed = (-1, -1)  # the steps (AutoSteps.steps) of the last two intervals read
+        self.used = (-1, -1)  # the last two steps whose forwards it ran (DistributedDataParallel.forward's wrapper)
+        self.every = 1  # the reducer keeps statistics of every n-th iteration
+        self.next_read = 0  # the step (AutoSteps.steps) at which it holds a new one
+        self.read_at: float | None = None  # (perf_counter, step) of the last read that found one
+        self.read_step = 0
 
 
 class AutoSteps:
@@ -83,7 +106,8 @@ class AutoSteps:
         self.comm_starts: list[Any] = []  # DDP buckets in flight: their ends are the backward's end
         self.kind = session.ctx.device_kind
         self.integration = False  # a framework integration logs on this rank (logs_itself): for every cell
-        self.reduced: list[list[Any]] = []  # [weak reference, last interval's end] of DDPs their reducer times
+        self.reduced: list[_Reduced] = []  # DDPs their reducer times
+        self.steps = 0  # training steps on this rank, every cell
         self.begin_cell()
 
     def begin_cell(self) -> None:
@@ -122,71 +146,146 @@ class AutoSteps:
 
     def time_by_reducer(self, ddp: Any) -> None:
         """Time a CPU ``DistributedDataParallel``'s all-reduce with its reducer's own clock (DDP's runtime
-        statistics, kept at every iteration: a few clock readings in C++) instead of a Python comm hook,
-        whose future's callback costs a GIL hand-over per bucket (about 100 µs a step at 2 ranks on 2 cores)."""
+        statistics: a few clock readings in C++) instead of a Python comm hook, whose future's callback costs a
+        GIL hand-over per bucket (about 100 µs a step at 2 ranks on 2 cores). Steps shorter than
+        :data:`READ_EVERY_S` are timed on a sample: every n-th one; the others' records have no comm time."""
         ddp._set_ddp_runtime_logging_sample_rate(1)
-        self.reduced.append([weakref.ref(ddp), 0])
+        ddp._jdist_reduced = r = _Reduced(ddp)
+        self.reduced.append(r)
 
-    def _reduced(self) -> list[tuple[float, float]]:
-        """The communication intervals of the backward passes DDP's reducers ran since the last call: DDP
-        notes each at its next forward; noted here at once (``set_runtime_stats_and_log``, C++, a few µs), so
-        the step's record has its own."""
-        intervals = []
-        for item in list(self.reduced):
-            ddp = item[0]()
+    def missing(self, step: int) -> bool:
+        """Whether a DDP that ran in ``step`` has no interval read for it."""
+        return any(step in r.used and step not in r.timed for r in self.reduced)
+
+    def _reduced(self, now: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]], bool]:
+        """The communication intervals of the backward passes DDP's reducers timed that were not read yet:
+        ``(the held step's, this step's, whether the held step's are all there)`` (not: a DDP that ran in it was
+        not read at this step, or its reducer did not time that iteration, or its interval was overwritten).
+
+        DDP notes a backward's interval in its logging data at its next forward: the held step's last one,
+        or (accumulation that syncs every backward) one of this step's own, told apart by their end. ``now``:
+        note this step's at once (``set_runtime_stats_and_log``, C++, a few µs); all are this step's then. Only
+        the integers are read (the whole logging data, strings too, as
+        ``DistributedDataParallel._get_ddp_logging_data`` gives it, costs about 10 µs more)."""
+        held_ends = self.held[0]["time"] if self.held is not None and not now else None  # (the wall clock)
+        late: list[tuple[float, float]] = []
+        own: list[tuple[float, float]] = []
+        for r in list(self.reduced):
+            ddp = r.ref()
             if ddp is None:
-                self.reduced.remove(item)
+                self.reduced.remove(r)
+                continue
+            if self.steps not in r.used and (now or self.steps - 1 not in r.used):  # it did not run: nothing new
+                continue
+            if not now and self.steps < r.next_read:
                 continue
             try:
-                ddp.logger.set_runtime_stats_and_log()
-                data = ddp._get_ddp_logging_data()
+                if now:
+                    ddp.logger.set_runtime_stats_and_log()
+                data = ddp.logger._get_ddp_logging_data().ints_map
             except (AttributeError, RuntimeError):  # no logger, or no interval to note (no_sync passes only)
                 continue
             end = data.get("backward_comm_time_end", 0)
-            if end and end != item[1]:
-                item[1] = end
-                intervals.append((data["backward_comm_time_start"] * 1e-9 - self.clock, end * 1e-9 - self.clock))
-        return intervals
+            if not end or end == r.end:  # none new: the iteration was not timed (or did not sync); next step
+                r.next_read = self.steps + 1
+            else:
+                held = held_ends is not None and end * 1e-9 <= held_ends
+                step = self.steps - 1 if held else self.steps
+                r.end, r.timed = end, (step, r.timed[0]) if step != r.timed[0] else r.timed
+                (late if held else own).append((data["backward_comm_time_start"] * 1e-9 - self.clock,
+                                                end * 1e-9 - self.clock))
+                self._pace(r, ddp, data.get("iteration", 0), now)
+        return late, own, not self.missing(self.steps - 1)
+
+    def _pace(self, r: _Reduced, ddp: Any, iteration: int, now: bool) -> None:
+        """After a read: how often the DDP's reducer times its iterations (about every :data:`READ_EVERY_S`,
+        every one while the code logs itself or a step has several backwards, which are read at once), and at
+        which step the next one is read: the DDP notes iteration ``i`` at the forward of ``i + 1``, and one step
+        is one iteration (else a read finds nothing new and the next step reads again)."""
+        t = time.perf_counter()
+        if self.explicit or now:
+            every = 1
+        elif r.read_at is not None and self.steps > r.read_step:
+            per_step = (t - r.read_at) / (self.steps - r.read_step)
+            every = max(1, min(READ_EVERY_MAX, int(READ_EVERY_S / per_step))) if per_step > 0 else 1
+        else:
+            every = r.every
+        if every != r.every:
+            ddp._set_ddp_runtime_logging_sample_rate(every)
+            r.every = every
+        r.read_at, r.read_step = t, self.steps
+        r.next_read = self.steps + (iteration // every + 1) * every - iteration
 
     def stepped(self) -> None:
-        """An optimizer step ended: the first after a backward ends the training step."""
+        """An optimizer step ended: the first after a backward ends the training step.
+
+        A step of one backward leaves its DDP interval to be read at the next step (the DDP notes it at that
+        step's forward), and adds it to its record then, since the record is held back until the next step
+        anyway; a step of several backwards (accumulation) reads its last one at once. (So a step of one backward
+        right before a step that syncs every backward gets none: that step's forwards overwrite what the DDP
+        noted before it is read.)"""
         if not self.backwards:
             return
         if self.comm_starts:  # (a backward outside torch.autograd.backward: torch.autograd.grad)
             self.comm_ended()
+        self.steps += 1
         s = self.session
         timer = s.timer
-        if self.reduced:  # for this step's record, or the jdist.log of the code's after it
-            for start, end in self._reduced():
-                timer.record(start, end)
+        late: list[tuple[float, float]] = []  # the held step's
+        late_complete = own_complete = True
+        if self.reduced:
+            if not self.explicit:  # what the DDP noted at this step's forwards
+                late, own, late_complete = self._reduced(now=False)
+                for start, end in own:
+                    timer.record(start, end)
+            if self.explicit or self.backwards > 1:  # this step's own, for its record or the code's jdist.log
+                _, own, _ = self._reduced(now=True)
+                for start, end in own:
+                    timer.record(start, end)
+                own_complete = not self.missing(self.steps)
         now = time.perf_counter()
         roots, self.roots, self.backwards = self.roots, [], 0
         if self.explicit:
             return
-        entry = ({"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()},
-                 now, timer.take_intervals(), timer.take_events(), s.train.forwards, roots)
+        rec = {"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()}
+        if not own_complete:
+            rec["comm_time_s"] = UNSAMPLED
+        entry = (rec, now, timer.take_intervals(), timer.take_events(), s.train.forwards, roots)
         self.count += 1
         held, self.held = self.held, entry
         if held is not None:
-            self._queue(held)
+            self._queue(held, late, late_complete)
 
     # -- the session's ---------------------------------------------------------------------------
     def explicit_log(self) -> None:
         """The cell called ``jdist.log``: no automatic records from now on in this cell; the step held
         back is dropped and its communication goes to that log's record."""
         self.explicit = True
+        for r in self.reduced:  # each of the code's records gets all of its steps' communication
+            ddp = r.ref()
+            if ddp is not None and r.every != 1:
+                ddp._set_ddp_runtime_logging_sample_rate(1)
+                r.every = 1
         held, self.held = self.held, None
         if held is not None:
-            self.session.timer.give_back(held[2], held[3])
+            own = self._reduced(now=True)[1] if self.reduced else None
+            self.session.timer.give_back((held[2] or []) + (own or []) or None, held[3])
 
     def flush(self) -> None:
         """The cell ends: queue the step held back."""
         held, self.held = self.held, None
         if held is not None:
-            self._queue(held)
+            own = self._reduced(now=True)[1] if self.reduced else []
+            self._queue(held, own, not self.missing(self.steps))
 
-    def _queue(self, entry: Entry) -> None:
+    def _queue(self, entry: Entry, late: list[tuple[float, float]] | None = None, complete: bool = True) -> None:
+        """Hand a held step to the session; ``late``: its DDP intervals, read after it was held (``complete``:
+        every DDP's; else the record has no comm time)."""
         rec, now, intervals, events, forwards, roots = entry
+        if late:
+            intervals = (intervals or []) + late
+        if not complete:
+            rec["comm_time_s"] = UNSAMPLED
         self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
 
 
@@ -262,8 +361,8 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
       tensor without explicit gradients; ``GradScaler.scale`` maps a scaled loss to the loss;
     * communication (into ``timer``: wall-clock intervals on CPU ranks, CUDA event pairs on GPU ranks,
       :func:`~jdist.rank.backends.base.timed_call`): a ``DistributedDataParallel`` the script builds is timed,
-      on CPU ranks by its reducer's own clock (DDP's runtime statistics at every iteration, read at the
-      optimizer step: :meth:`AutoSteps.time_by_reducer`; from the first bucket's all-reduce to the last one's
+      on CPU ranks by its reducer's own clock (DDP's runtime statistics, read at the next optimizer step, on a
+      sample of short steps: :meth:`AutoSteps.time_by_reducer`; from the first bucket's all-reduce to the last one's
       end, as DDP measures it; the script's own comm hooks are left alone), on GPU ranks by jdist's timing
       communication hook around its all-reduce (:func:`timed_comm_hook`: each bucket from the start of its
       all-reduce to the end of the backward pass, an upper bound with several buckets; a hook the script
@@ -371,6 +470,19 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
         return __init__
 
     undo.append(patch(DistributedDataParallel, "__init__", make_init))
+
+    def make_forward(real: Any) -> Any:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            r = self.__dict__.get("_jdist_reduced")
+            step = steps.steps + 1  # the step being run (AutoSteps.steps counts those that ended)
+            if r is not None and r.used[0] != step:
+                r.used = (step, r.used[0])
+            return real(self, *args, **kwargs)
+
+        return forward
+
+    if kind == "cpu":
+        undo.append(patch(DistributedDataParallel, "forward", make_forward))
     return undo
 
 

@@ -31,7 +31,7 @@ import resource
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .backends.base import StateBytes, merged_seconds
-from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, Entry, T
+from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, UNSAMPLED, Entry, T
 
 if TYPE_CHECKING:
     from .session import RankSession
@@ -138,10 +138,13 @@ class StepTiming:
             rec, t = entry[REC], entry[T]
             step_time = t - t_last
             t_last = t
+            rec["step_time_s"] = step_time
+            if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed
+                del rec["comm_time_s"]
+                continue
             comm = merged_seconds(entry[COMM]) if entry[COMM] else 0.0
             if entry[EVENTS]:
                 comm += sum(start.elapsed_time(end) for start, end in entry[EVENTS]) / 1e3
-            rec["step_time_s"] = step_time
             rec["comm_time_s"] = comm = min(comm, step_time)
             rec["compute_time_s"] = step_time - comm
         self.t_last = t_last

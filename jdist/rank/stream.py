@@ -32,6 +32,10 @@ from jdist.protocol import PROTOCOL_VERSION, CellEndMessage, ProgressMessage, Re
 #: log or None, CUDA event pairs or None, training forwards so far, deferred values or None)``.
 #: A plain tuple: building it is the cheapest thing the hot path can do.
 Entry = tuple[Record, float, Any, Any, int, Any]
+#: An entry's ``comm_time_s`` when its communication was not timed (automatic metrics time a DDP built by the
+#: code on a sample of its steps: :class:`jdist.rank.auto_metrics.AutoSteps`): the record has no comm and compute
+#: time, rather than a partial one.
+UNSAMPLED = object()
 REC, T, COMM, EVENTS, FORWARDS, DEFERRED = range(6)
 
 
