@@ -2,8 +2,9 @@
 
 Each :class:`Detector` looks at the running cell on every poll and may return an action:
 :class:`Stop` (a rank process died: end the cell now), :class:`Release` (stop the ranks
-still running: after a failure elsewhere, or a hang) or :class:`EndGrace` (the ranks still running
-after a release cannot stop: stop waiting for them). The user's interrupt is not a
+still running: after a failure elsewhere, or a hang), :class:`EndGrace` (the ranks still running
+after a release cannot stop: stop waiting for them) or :class:`ReleaseAgain` (during the grace, ranks
+left waiting in a collective that the stopped ones will not join). The user's interrupt is not a
 detector: it arrives as KeyboardInterrupt in the kernel and the supervisor forwards it.
 """
 
