@@ -139,3 +139,31 @@ def test_syntax_error_reported_once_and_not_sent(cluster_kernel):
     out = cluster_kernel.run("%%distributed\nfor x in :\n    pass", allow_error=True)
     assert out.error is not None
     assert "not sent to the ranks" in out.traceback and out.traceback.count("SyntaxError") == 1
+
+
+def test_an_interrupt_python_dropped_in_a_destructor_is_raised_again(monkeypatch):
+    # in this process, no cluster: a SIGINT whose handler runs inside a destructor (as inside pyzmq's Frame
+    # __dealloc__ in the kernel, seen in a test run) has its KeyboardInterrupt printed and dropped by Python
+    import os
+    import signal
+    import sys
+    import time
+
+    from jdist.kernel.supervise.supervisor import SigintCount
+
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_type))
+
+    class Freed:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here
+
+    with SigintCount() as sigints:
+        Freed()
+        assert dropped == [KeyboardInterrupt]  # Python's own handling: lost
+        with pytest.raises(KeyboardInterrupt):
+            sigints.check()  # the wait loop's next turn raises it again
+        sigints.handled()
+        sigints.check()  # once
+    assert signal.getsignal(signal.SIGINT) != sigints._on_sigint  # the handler before is back

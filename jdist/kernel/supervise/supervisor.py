@@ -60,6 +60,56 @@ class Phase(str, Enum):
     DONE = "done"
 
 
+class SigintCount:
+    """While a cell runs, SIGINT raises KeyboardInterrupt as usual and is also counted, so that an interrupt
+    Python dropped is handled all the same: raised in a signal handler that ran inside a destructor (a
+    Cython ``__dealloc__``, such as pyzmq's ``Frame``, or a ``__del__``), the exception is printed as
+    "Exception ignored in ..." and lost, and the cell went on as if the user had not interrupted it (seen in
+    a test run). :meth:`check` raises it again at the wait loop's next turn. In the main thread only (where
+    Python runs signal handlers); elsewhere it does nothing.
+
+    >>> import os, signal
+    >>> with SigintCount() as c:
+    ...     try:
+    ...         os.kill(os.getpid(), signal.SIGINT); time.sleep(1)
+    ...     except KeyboardInterrupt:
+    ...         c.handled()
+    ...     c.check()  # nothing was dropped
+    """
+
+    def __init__(self) -> None:
+        self.count = 0  # SIGINTs received
+        self.seen = 0  # KeyboardInterrupts handled
+        self.previous: Any = None
+
+    def __enter__(self) -> SigintCount:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt for an interrupt that arrived but was not handled (Python dropped it)."""
+        if self.seen < self.count:
+            raise KeyboardInterrupt
+
+    def handled(self) -> None:
+        """A KeyboardInterrupt was handled."""
+        self.seen = min(self.seen + 1, self.count)
+
+
 class CellSupervisor:
     """Runs one cell on its ranks until it ends, handling faults on the way (see the module doc)."""
 
@@ -122,10 +172,17 @@ class CellSupervisor:
 
     # -- RUNNING / RELEASING -----------------------------------------------------------------
     def _wait(self) -> None:
+        """Wait for the cell, polling the detectors; the user's interrupts are counted as they arrive
+        (:class:`SigintCount`), so one that Python dropped is still handled."""
+        with SigintCount() as sigints:
+            self._wait_loop(sigints)
+
+    def _wait_loop(self, sigints: SigintCount) -> None:
         view = self.view
         done_count = 0
         while True:
             try:  # everything, the loop's test too: an interrupt may arrive at any line
+                sigints.check()
                 if view.ready():
                     return
                 if self.deadline is not None and time.monotonic() > self.deadline:
@@ -155,6 +212,7 @@ class CellSupervisor:
                         self.cluster.interrupt(action.ranks)
                         break
             except KeyboardInterrupt:
+                sigints.handled()
                 if not self.obs.interrupted:
                     self.obs.interrupted = True
                     self.cluster.interrupt(self.ranks)
