@@ -167,3 +167,41 @@ def test_an_interrupt_python_dropped_in_a_destructor_is_raised_again(monkeypatch
         sigints.handled()
         sigints.check()  # once
     assert signal.getsignal(signal.SIGINT) != sigints._on_sigint  # the handler before is back
+
+
+def test_the_sigint_count_leaves_the_decision_to_the_handler_before():
+    # jdist run's handler: the first Ctrl-C is a KeyboardInterrupt, a second ends the ranks (its own exception),
+    # and once it is ending, more are ignored
+    import os
+    import signal
+    import time
+
+    from jdist.kernel.supervise.supervisor import SigintCount
+
+    class Ending(Exception):
+        pass
+
+    calls = []
+
+    def before(signum, frame):
+        calls.append(signum)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        if len(calls) == 2:
+            raise Ending
+
+    old = signal.signal(signal.SIGINT, before)
+    try:
+        with SigintCount() as sigints:
+            for expected in (KeyboardInterrupt, Ending, None):
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.5)
+                except (KeyboardInterrupt, Ending) as exc:
+                    assert type(exc) is expected
+                else:
+                    assert expected is None
+            assert (sigints.count, len(calls)) == (1, 3)  # only the KeyboardInterrupt is the wait loop's
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -61,7 +61,7 @@ class Phase(str, Enum):
 
 
 class SigintCount:
-    """While a cell runs, SIGINT raises KeyboardInterrupt as usual and is also counted, so that an interrupt
+    """While a cell runs, SIGINT does what its handler did (KeyboardInterrupt) and is also counted, so that an interrupt
     Python dropped is handled all the same: raised in a signal handler that ran inside a destructor (a
     Cython ``__dealloc__``, such as pyzmq's ``Frame``, or a ``__del__``), the exception is printed as
     "Exception ignored in ..." and lost, and the cell went on as if the user had not interrupted it (seen in
@@ -97,8 +97,21 @@ class SigintCount:
             signal.signal(signal.SIGINT, self.previous)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        raise KeyboardInterrupt
+        """The handler before decides (``jdist run``'s: a second Ctrl-C ends the ranks); a KeyboardInterrupt
+        it raises is counted."""
+        import signal
+
+        previous = self.previous
+        if callable(previous):
+            try:
+                previous(signum, frame)
+            except KeyboardInterrupt:
+                self.count += 1
+                raise
+            return
+        if previous != signal.SIG_IGN:
+            self.count += 1
+            raise KeyboardInterrupt
 
     def check(self) -> None:
         """Raise KeyboardInterrupt for an interrupt that arrived but was not handled (Python dropped it)."""
