@@ -49,17 +49,19 @@ def _bytes(n: float) -> str:
 
 
 def rank_rows(run: Run) -> list[dict[str, Any]]:
-    """Per rank: its latest step and loss, recent step and communication time (s), memory, and
+    """Per rank: its latest step and loss, recent step and communication time (s), the communication's share of
+    the timed steps (:meth:`~jdist.metrics.Run.comm_share`), memory, and
     whether it is the slowest (:func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank)."""
     step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     comm = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
+    share = run.comm_share(last=RECENT_STEPS, skip_first=True)
     loss = loss_metric(run)
     rows = []
     for r in run.ranks:
         rec = run.latest(r) or {}
         rows.append({"rank": r, "host": run.hosts.get(r, ""), "step": rec.get("step"),
                      "loss": rec.get(loss) if loss else None, "step_s": step.get(r), "comm_s": comm.get(r),
-                     "mem": rec.get("mem_bytes"), "slowest": False})
+                     "comm_share": share.get(r), "mem": rec.get("mem_bytes"), "slowest": False})
     slow = slowest_ranks(run, 1) if len(step) > 1 else []
     for row in rows:
         row["slowest"] = bool(slow) and row["rank"] == slow[0][0]
@@ -85,7 +87,7 @@ def status_line(run: Run) -> str:
     if rows:
         mean_step, _, _ = mean_min_max(row["step_s"] for row in rows)
         parts.append(f"{1000 * mean_step:.1f} ms/step")
-        comm = [row["comm_s"] / row["step_s"] for row in rows if row["comm_s"] is not None]
+        comm = [row["comm_share"] for row in rows if row["comm_share"] is not None]
         if comm:
             parts.append(f"comm {100 * sum(comm) / len(comm):.0f}%")
         slow = slowest_ranks(run, 1) if len(rows) > 1 else []
@@ -179,7 +181,7 @@ class LiveView:
                      "" if row["step"] is None else str(row["step"]),
                      "" if row["loss"] is None else _num(row["loss"]),
                      "" if row["step_s"] is None else f"{1000 * row['step_s']:.1f}",
-                     "" if row["comm_s"] is None or not row["step_s"] else f"{100 * row['comm_s'] / row['step_s']:.0f}%",
+                     "" if row["comm_share"] is None else f"{100 * row['comm_share']:.0f}%",
                      "" if row["mem"] is None else _bytes(row["mem"])]
             table.add_row(*cells, style="red" if row["slowest"] else None)
         parts.append(table)

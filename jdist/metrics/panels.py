@@ -691,11 +691,11 @@ def slowest_ranks(run: Run, count: int = SLOWEST) -> list[tuple[int, str, float,
     step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     if not step:
         return []
-    comm = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
+    share = run.comm_share(last=RECENT_STEPS, skip_first=True)
     median = statistics.median(step.values())
     slow = sorted(step, key=lambda r: (-step[r], r))[:count]
-    return [(r, run.hosts.get(r, ""), step[r], step[r] / median if median > 0 else math.nan,
-             comm[r] / step[r] if r in comm and step[r] > 0 else None) for r in slow]
+    return [(r, run.hosts.get(r, ""), step[r], step[r] / median if median > 0 else math.nan, share.get(r))
+            for r in slow]
 
 
 def slowest_panel(run: Run) -> BarDef | None:

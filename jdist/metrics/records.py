@@ -525,6 +525,28 @@ class Run:
         mean, low, high = row_stats(values)
         return self._steps_out(steps), mean.tolist(), low.tolist(), high.tolist()
 
+    def comm_share(self, last: int | None = None, skip_first: bool = False) -> dict[int, float]:
+        """Per rank, the share of its step time spent communicating, over the steps whose communication was
+        timed: ``comm_time_s`` and ``compute_time_s`` come together, and a DDP timed on a sample of short steps
+        leaves both out of the others (:mod:`jdist.rank.auto_metrics`), so ``comm / step`` would mix two sets.
+
+        >>> run = Run("x", 1)
+        >>> timed = {"comm_time_s": 0.5, "compute_time_s": 1.5}
+        >>> _ = run.add([{"rank": 0, "seq": s, "step": s, "step_time_s": 1.0, **(timed if s % 2 else {})}
+        ...              for s in range(4)])
+        >>> run.comm_share()
+        {0: 0.25}
+        """
+        comm = self.per_rank_mean("comm_time_s", last, skip_first)
+        compute = self.per_rank_mean("compute_time_s", last, skip_first)
+        step = self.per_rank_mean("step_time_s", last, skip_first) if set(comm) - set(compute) else {}
+        share = {}
+        for r, c in comm.items():
+            whole = c + compute[r] if r in compute else step.get(r)  # (records with comm but no compute: the step)
+            if whole:
+                share[r] = c / whole
+        return share
+
     def per_rank_mean(self, metric: str, last: int | None = None, skip_first: bool = False) -> dict[int, float]:
         """Mean of ``metric`` per rank, over all steps or the ``last`` N steps of each rank.
 
