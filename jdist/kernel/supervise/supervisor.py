@@ -23,7 +23,9 @@ Example:
 from __future__ import annotations
 
 import queue
+import signal
 import sys
+import threading
 import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -78,29 +80,22 @@ class SigintCount:
     """
 
     def __init__(self) -> None:
-        self.count = 0  # SIGINTs received
+        self.count = 0  # KeyboardInterrupts the SIGINT handler raised
         self.seen = 0  # KeyboardInterrupts handled
         self.previous: Any = None
 
     def __enter__(self) -> SigintCount:
-        import signal
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._on_sigint)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import signal
-
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         """The handler before decides (``jdist run``'s: a second Ctrl-C ends the ranks); a KeyboardInterrupt
         it raises is counted."""
-        import signal
-
         previous = self.previous
         if callable(previous):
             try:
