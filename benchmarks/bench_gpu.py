@@ -11,10 +11,16 @@ Measured side by side in one run, on one GPU (``--gpus 1``, NCCL), for two model
 2. One ``jdist.log(step=, loss=<CUDA tensor>)`` call on the rank (the tensor is not synchronised: the
    value is read by the publisher thread).
 3. Cold start of the first ``%%distributed --gpus 1`` cell in a fresh kernel.
+4. The automatic metrics' hooks, each part on its own, in one rank (``benchmarks/gpu_hooks.py`` under
+   ``jdist run --gpus 1``, and its variants without jdist under torchrun): the small model's step with no hook,
+   with torch's own Python comm hook, with jdist's hooks without and with the loss and the DDP timing;
+   and one ``jdist.log(loss=<CUDA tensor>)``.
 
 Usage (needs a CUDA GPU)::
 
     python benchmarks/bench_gpu.py [--steps 300] [--warmup 30] [--repeats 3] [--json results.json]
+    python benchmarks/bench_gpu.py --hooks-only [--hook-blocks 10]
+    python benchmarks/bench_gpu.py --hooks-only --device cpu     (a dry run of section 4 on a CPU rank)
 
 Figures of one run are in docs/benchmarks.md.
 """
@@ -43,7 +49,8 @@ LABELS = {
     "jdist_log": "%%distributed --gpus 1 + jdist.log",
     "jdist_nolog": "%%distributed --gpus 1, no jdist.log",
 }
-TARGETS = {"step_ratio": 1.03, "log_call_us": 10.0, "cold_start_s": 6.0}
+TARGETS = {"step_ratio": 1.03, "log_call_us": 10.0, "cold_start_s": 6.0, "hooks_added_us": 30.0}
+HOOKS_SCRIPT = Path(__file__).resolve().parent / "gpu_hooks.py"
 
 PLAIN_CODE = """
 import json, sys, torch
@@ -127,6 +134,44 @@ def run_jdist(kernel: Kernel, total: int, hidden: int, batch: int, log: bool) ->
     return rec
 
 
+def run_hooks(blocks: int, device: str, workdir: Path) -> dict[str, dict[str, Any]]:
+    """Section 4: ``gpu_hooks.py`` under ``jdist run --gpus 1`` and under torchrun; their GPU_HOOKS_JSON."""
+    args = [str(HOOKS_SCRIPT), "--blocks", str(blocks), "--device", device]
+    gpus = ["--gpus", "1"] if device == "cuda" else ["-n", "1"]
+    out = {}
+    for name, cmd in (("jdist run", [sys.executable, "-m", "jdist", "run", *gpus, "--no-live", *args]),
+                      ("torchrun", torchrun_cmd() + ["--standalone", "--nproc_per_node", "1", *args])):
+        print(f"section 4: gpu_hooks.py under {name}...", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=600, check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("GPU_HOOKS_JSON ")]
+        if proc.returncode != 0 or not lines:
+            sys.exit(f"gpu_hooks.py under {name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                     f"{proc.stderr[-3000:]}")
+        out[name] = json.loads(lines[-1].split(" ", 1)[1])
+    return out
+
+
+def report_hooks(hooks: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
+    """Print section 4; its target rows."""
+    ours, plain = hooks["jdist run"], hooks["torchrun"]
+    st = ours["step_us"]
+    base = st["DDP, no hooks"]
+    print(f"4. The hooks' own cost in one rank (gpu_hooks.py, {ours['gpu']}): small model, {ours['blocks']} blocks of "
+          f"{ours['per_block']} steps interleaved, median step (µs)")
+    print(f"   {'variant':<46}{'jdist run':>11}{'added':>9}{'torchrun':>11}")
+    for label, us in st.items():
+        other = plain["step_us"].get(label)
+        print(f"   {label:<46}{us:11.1f}{us - base:+9.1f}{'' if other is None else f'{other:11.1f}'}")
+    for name, us in ours.get("call_us", {}).items():
+        print(f"   one call: {name:<44}{us:8.2f} µs")
+    rows = []
+    for label in ("auto, DDP not timed", "auto on"):
+        added = st[label] - base
+        rows.append((f"step added by the hooks (section 4): {label}", f"{added:+.1f} us",
+                     f"<= {TARGETS['hooks_added_us']:.0f} us", added <= TARGETS["hooks_added_us"]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="timed steps per run (default 300)")
@@ -134,9 +179,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant and size (default 3)")
     parser.add_argument("--kernel", default="python3", help="Jupyter kernelspec (default python3)")
     parser.add_argument("--json", metavar="PATH", help="also write all figures to this JSON file")
+    parser.add_argument("--hooks-only", action="store_true", help="section 4 alone")
+    parser.add_argument("--hook-blocks", type=int, default=10, help="section 4's blocks per variant (default 10)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: a dry run of section 4 (--hooks-only) on a CPU rank; its figures are no GPU's")
     args = parser.parse_args(argv)
     import torch
 
+    if args.hooks_only:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            sys.exit("bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); --device cpu: a dry run")
+        hooks = run_hooks(args.hook_blocks, args.device, Path(tempfile.mkdtemp(prefix="jdist-bench-gpu-")))
+        rows = report_hooks(hooks)
+        print("\nTargets beside this run's figures:")
+        for name, measured, target, met in rows:
+            print(f"   {name:<58}{measured:>10}{target:>10}  {'yes' if met else 'NO'}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"hooks": hooks}, indent=1))
+        return {"hooks": hooks}
+    if args.device != "cuda":
+        sys.exit("--device cpu is a dry run of section 4: add --hooks-only")
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
                  "the CPU figures are benchmarks/bench_overhead.py's")
@@ -169,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raw[size][v].append(r)
         res["log_call_us"] = spread(kernel.run_one(LOG_COST_CELL)[0]["log_call_us"])
         kernel.run("get_ipython().run_line_magic('dist', 'stop')")
+        res["hooks"] = run_hooks(args.hook_blocks, "cuda", workdir)
     except BaseException:
         try:
             kernel.run("get_ipython().run_line_magic('dist', 'stop')")
@@ -218,8 +281,8 @@ def report(res: dict[str, Any]) -> None:
     print(f"2. jdist.log(step=, loss=<CUDA tensor>) on the rank: median {lc['median']:.1f} us "
           f"(min {lc['min']:.1f}, max {lc['max']:.1f}; 5 x 2000 calls)")
     print(f"3. first %%distributed --gpus 1 cell in a fresh kernel: {res['cold_start_s']:.2f} s")
+    rows = report_hooks(res["hooks"])
     print("\nTargets beside this run's figures:")
-    rows = []
     for size in SIZES:
         r = res["steps"][size]["jdist_log"]["paired_vs_torchrun"]["median"]
         rows.append((f"step ratio jdist.log / torchrun, {size} (median of pairs)", f"{r:.3f}x",

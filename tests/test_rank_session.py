@@ -225,6 +225,50 @@ def test_cuda_tensor_values_are_copied_without_a_sync_and_sent_once_arrived(monk
     assert events[1].waited == 1 and end["records"][0]["loss"] == 0.5
 
 
+def test_values_kept_on_the_device_are_copied_a_batch_at_a_time_by_the_publisher(monkeypatch):
+    # A CUDA value on the default stream stays a tensor on the training thread (ON_DEVICE); the publisher
+    # starts one copy per device and dtype for the batch (sources._start_copy: CUDA cannot exist here, so
+    # it is replaced by a CPU copy and a fake event) and reads the values once that copy's event completed.
+    from jdist.rank import auto_metrics, sources
+
+    copies = []
+
+    class Kept(FakeDeviceTensor):  # a CUDA tensor the publisher copies (not read on the training thread)
+        def __init__(self, value, dtype=torch.float32):
+            super().__init__(value)
+            self.dtype = dtype
+
+        def reshape(self, *shape):
+            return torch.tensor([self.value], dtype=self.dtype).reshape(*shape)
+
+    def start_copy(device, tensors):
+        flat = torch.cat([t.reshape(1) for t in tensors])
+        copies.append(flat.tolist())
+        return flat, FakeCudaEvent(0.0, done=False)
+
+    monkeypatch.setattr(sources, "_start_copy", start_copy)
+    monkeypatch.setattr(api, "defer_device_value", lambda value: (value, sources.ON_DEVICE))
+    ch = ListChannel()
+    with local_session(ch) as s:
+        jdist.log(step=0, loss=Kept(0.25), n=Kept(3, torch.int64))
+        roots = [(Kept(2.0), 0.5), (Kept(4.0, torch.float64), 0.5)]  # two backwards (accumulation), mixed dtypes
+        s.add_entry({"rank": 0, "cell": s.stream.cell, "seq": 0, "step": 1, "time": 0.0}, 0.0, None, None, 0,
+                    [("loss", roots, sources.ON_DEVICE)])
+        assert s.publish_due() == 0 and ch.messages == []  # copies started, not arrived: nothing waits
+        assert copies == [[0.25], [3], [2.0, 4.0]]  # one copy per dtype (an int stays exact); a step's parts together
+        assert s.publish_due() == 0 and len(copies) == 3  # started once
+        for entry in s.stream.pending:
+            for _, _, event in entry[5]:
+                event.done = True
+        assert s.publish_due() == 2
+        recs = ch.messages[0]["records"]
+        assert (recs[0]["loss"], recs[0]["n"], recs[1]["loss"]) == (0.25, 3, 3.0)
+        jdist.log(step=2, loss=Kept(0.5))
+        end = s.end_cell()  # the cell's end starts the copy and waits for it
+    assert end["records"][0]["loss"] == 0.5 and copies[-1] == [0.5]
+    assert auto_metrics.ON_DEVICE is sources.ON_DEVICE
+
+
 def test_a_hosts_lowest_rank_sends_its_load_about_once_a_second_while_a_cell_runs():
     import socket
     import time

@@ -2,7 +2,8 @@
 # The GPU checks, on a machine with a CUDA GPU whose python3 holds torch and which has no network:
 # tests/test_gpu.py, then benchmarks/bench_gpu.py, each bounded; logs and figures into $1.
 #
-#   bash tools/gpu_check.sh OUT_DIR        (run in the checkout's root; TEST_S / BENCH_S bound the two parts,
+#   bash tools/gpu_check.sh OUT_DIR        (run in the checkout's root; TEST_S / BENCH_S bound the two parts:
+#                                           the 17 tests took ~290 s on one H200 on 2026-11-28;
 #                                           BENCH_S=0 skips the benchmark, TESTS=EXPR picks tests by -k)
 #
 # What python3 lacks travels as wheels in .whl/ (an ignored folder): jdist's dependencies for Python
@@ -23,7 +24,7 @@ export JUPYTER_PATH=/tmp/v/share/jupyter JDIST_RUN_DIR=/tmp/jdist-runs PYTHONUNB
 'deepspeed', deepspeed.__version__, 'optuna', optuna.__version__, 'jdist', jdist.__version__)"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
-timeout "${TEST_S:-300}" python -m pytest tests/test_gpu.py -v -rfEs --tb=short --durations=0 -p no:cacheprovider \
+timeout "${TEST_S:-330}" python -m pytest tests/test_gpu.py -v -rfEs --tb=short --durations=0 -p no:cacheprovider \
   --timeout 150 ${TESTS:+-k "$TESTS"} > "$out/test_gpu.txt" 2>&1
 echo "test_gpu rc=$?"
 grep -E "passed|failed|PASSED|FAILED|SKIPPED|ERROR" "$out/test_gpu.txt" | tail -30

@@ -15,9 +15,9 @@
   ``engine.backward(loss)`` (DeepSpeed: ``loss / gradient_accumulation_steps``). With one backward a
   step that is its loss; with accumulation of ``loss / K`` (the usual way) the mean loss of the K
   micro-batches. The tensors are kept, not read: the record of step N is queued at step N+1 (or at the
-  cell's end), and its values are read by the session's publisher thread (CPU) or copied to the host
-  with a non-blocking copy and a CUDA event (GPU, :func:`jdist.rank.sources.defer_device_value`'s way):
-  the step never waits for the device;
+  cell's end), and its values are read by the session's publisher thread (CPU), or copied to the host by
+  that thread, a batch at once (GPU, :func:`jdist.rank.sources.copy_to_host`): the step never waits for the
+  device and makes no CUDA call for its loss;
 * **communication time**: the intervals of the collectives the rank starts, from the comm timer
   (:class:`~jdist.rank.backends.base.CommTimer`): see :func:`torch_hooks` for what is timed and what is missed;
 * step time, memory and the rest come from the sources (:mod:`jdist.rank.sources`), as for ``jdist.log``.
@@ -31,12 +31,14 @@ running cluster).
 The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one post hook
 (a clock reading, a small dict and tuple: the record held back; on CPU ranks, per DDP its reducer's own
 statistics, read on a sample of short steps: :data:`READ_EVERY_S`), per DDP forward a wrapper call that notes
-the step, per collective a timing wrapper (two clock readings). On GPU ranks, per DDP gradient bucket a clock
-reading in jdist's communication hook, whose future has one Python callback (taking the reduced tensor out of
-the all-reduce's result, as torch's own ``allreduce_hook`` does; the bucket's interval ends with the backward
-pass, so there is no second callback for timing). Such a callback is a thread switch with the GIL: about 100
-µs a step at 2 CPU ranks on 2 cores, which is why CPU ranks use DDP's own clock instead (GPU ranks cannot: DDP
-reads its CUDA timing events by synchronising). Nothing is read from a device, nothing is locked.
+the step, per collective a timing wrapper (two clock readings). On GPU ranks, per step a check that the loss
+is on the default stream (a stream handle compared; the publisher copies it), and per DDP gradient bucket a CUDA
+event recorded in jdist's communication hook, whose future has one Python callback (taking the reduced tensor
+out of the all-reduce's result, as torch's own ``allreduce_hook`` does; the bucket's interval ends with the
+backward pass, so there is no second callback for timing). A Python comm hook and its callback take the GIL on
+the autograd thread: about 100 µs a step at 2 CPU ranks on 2 cores, which is why CPU ranks use DDP's own clock
+instead, and about 300 µs at launch-bound ~1.7 ms steps on one H200 (``benchmarks/gpu_hooks.py``), where DDP's
+own clock is read by synchronising with its CUDA events. Nothing is read from a device, nothing is locked.
 
 Example (a session of one process; the hooks are torch's):
     >>> import torch
@@ -59,6 +61,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import TIMING, CommTimer
+from .sources import ON_DEVICE, on_default_stream
 from .stream import UNSAMPLED, Entry
 
 if TYPE_CHECKING:
@@ -291,11 +294,16 @@ class AutoSteps:
 
 def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:
     """The deferred ``loss`` of a step (:data:`jdist.rank.stream.Entry`'s last field): CPU tensors are read
-    by the publisher thread; CUDA ones are copied to the host without waiting (one event after the copies)."""
+    by the publisher thread; CUDA ones on the default stream are kept as they are and copied to the host by
+    the publisher, a batch at once (:func:`jdist.rank.sources.copy_to_host`): the step makes no CUDA call
+    for its loss. (On another stream: each copied without waiting, one event after the copies.)"""
     if not roots:
         return None
     if s.ctx.device_kind != "cuda" or not any(t.device.type == "cuda" for t, _ in roots):
         return [("loss", roots, None)]
+    device = roots[0][0].device
+    if all(t.device == device and on_default_stream(t) for t, _ in roots):
+        return [("loss", [(t.detach(), f) for t, f in roots], ON_DEVICE)]  # (a graph kept would hold memory)
     import torch
 
     copies = [(t.detach().to("cpu", non_blocking=True) if t.device.type == "cuda" else t, f) for t, f in roots]

@@ -58,7 +58,9 @@ class MetricSource(Protocol):
 def ready(entries: Sequence[Entry], final: bool) -> int:
     """How many leading entries have all their GPU work done (CUDA timing events, values logged
     as CUDA tensors). During a cell nothing waits: the first unfinished entry and the ones after
-    it wait for the next batch. ``final`` (the cell ended): wait for them."""
+    it wait for the next batch. ``final`` (the cell ended): wait for them. Values kept on the device
+    (:data:`ON_DEVICE`) are first copied to the host, all of them at once (:func:`copy_to_host`)."""
+    copy_to_host(entries)
     for i, entry in enumerate(entries):
         for event in _events_of(entry):
             if not event.query():
@@ -73,6 +75,84 @@ def _events_of(entry: Entry) -> list[Any]:
     if entry[DEFERRED]:
         events.extend(event for _, _, event in entry[DEFERRED] if event is not None)
     return events
+
+
+#: The event of a deferred value that is still a CUDA tensor on its device's default stream, kept by reference
+#: (:func:`defer_device_value`): nothing was copied or recorded on the training thread; :func:`copy_to_host` copies
+#: every such value of a batch at once.
+ON_DEVICE = object()
+
+_DEFAULT_STREAMS: dict[int, int] = {}  # device index -> its default CUDA stream (the raw handle)
+_COPY_STREAMS: dict[Any, Any] = {}  # device -> the stream copy_to_host copies on
+
+
+def on_default_stream(tensor: Any) -> bool:
+    """Whether ``tensor`` is a plain CUDA tensor and its device's current stream is the default one (a
+    handle compared: well under a µs), so that work on the default stream recorded later covers it."""
+    import torch
+
+    if type(tensor) is not torch.Tensor:  # (a DTensor, a subclass: copied on its own)
+        return False
+    index = tensor.device.index
+    default = _DEFAULT_STREAMS.get(index)
+    if default is None:
+        default = _DEFAULT_STREAMS[index] = torch.cuda.default_stream(index).cuda_stream
+    return torch._C._cuda_getCurrentRawStream(index) == default
+
+
+def copy_to_host(entries: Sequence[Entry]) -> None:
+    """Start copying the values the entries keep on the device (:data:`ON_DEVICE`) to the host, off the
+    training thread (the publisher's, or the cell's end): per device and dtype one event on the device's
+    default stream (after everything the training thread queued there so far, these values included),
+    one concatenation and one non-blocking copy on a stream of jdist's own that waits for that event, one
+    event after it (the entries' event from now on). Nothing is synchronised; the training stream gets no
+    work. A value becomes ``(name, host tensor, event)``, a list of ``(tensor, factor)`` the same list on
+    the host."""
+    todo: dict[tuple[Any, Any], list[tuple[list[Any], int, int]]] = {}  # (device, dtype) -> (deferred, index, n)
+    tensors: dict[tuple[Any, Any], list[Any]] = {}
+    for entry in entries:
+        deferred = entry[DEFERRED]
+        if not deferred:
+            continue
+        for k, (_, value, event) in enumerate(deferred):
+            if event is not ON_DEVICE:
+                continue
+            parts = [t for t, _ in value] if type(value) is list else [value]  # (on one device)
+            key = (parts[0].device, parts[0].dtype)
+            if any(t.dtype != key[1] for t in parts):  # (concatenated with the promoted dtype)
+                key = (parts[0].device, None)
+            todo.setdefault(key, []).append((deferred, k, len(parts)))
+            tensors.setdefault(key, []).extend(parts)
+    for key, items in todo.items():
+        host, done = _start_copy(key[0], tensors[key])
+        j = 0
+        for deferred, k, n in items:
+            name, value, _ = deferred[k]
+            if type(value) is list:
+                deferred[k] = (name, [(host[j + i], factor) for i, (_, factor) in enumerate(value)], done)
+            else:
+                deferred[k] = (name, host[j], done)
+            j += n
+
+
+def _start_copy(device: Any, tensors: list[Any]) -> tuple[Any, Any]:
+    """(host tensor of the ``tensors``' values, in order; CUDA event after the copy) (:func:`copy_to_host`)."""
+    import torch
+
+    fence = torch.cuda.Event()
+    fence.record(torch.cuda.default_stream(device))
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    stream.wait_event(fence)
+    with torch.cuda.stream(stream):
+        flat = torch.cat([t.detach().reshape(1) for t in tensors])  # (mixed dtypes: promoted)
+        host = flat.to("cpu", non_blocking=True)  # into pinned memory: asynchronous
+        done = torch.cuda.Event()
+        done.record(stream)
+    for t in tensors:  # made on the default stream, read on this one: not reused before the copy ran
+        t.record_stream(stream)
+    return host, done
 
 
 def resolve_deferred(entries: Sequence[Entry]) -> None:
@@ -96,8 +176,13 @@ def _sum_of(parts: list[tuple[Any, float]]) -> float | None:
 
 
 def defer_device_value(value: Any) -> tuple[Any, Any]:
-    """Start copying a one-element CUDA tensor to the host without waiting for the GPU:
-    ``(host tensor, CUDA event)``; the value is read once the event completed (:func:`ready`)."""
+    """Defer reading a one-element CUDA tensor without waiting for the GPU: ``(value, event)``. On the
+    device's default stream (as usual) nothing is done here: ``(the tensor, ON_DEVICE)``, copied with the
+    batch's other values by the publisher (:func:`copy_to_host`). On another stream: a non-blocking copy
+    into pinned memory and an event after it on that stream; the value is read once the event completed
+    (:func:`ready`)."""
+    if on_default_stream(value):
+        return value.detach(), ON_DEVICE  # (a tensor with a graph would keep the graph until then)
     import torch
 
     host = value.detach().to("cpu", non_blocking=True)  # into pinned memory: asynchronous
