@@ -290,8 +290,20 @@ with local_session() as s:
     for step in range(100):
         loss().backward(); opt.step(); opt.zero_grad()
     short = s.end_cell()["records"]
+    s.begin_cell()  # two DDPs taking turns, 30 short steps each: each one's steps are timed in its turns
+    other = DDP(torch.nn.Linear(8, 1))
+    opt2 = torch.optim.SGD(other.parameters(), lr=0.01)
+    turn_bounds = []
+    for turn in range(4):
+        m, o = (model, opt) if turn % 2 == 0 else (other, opt2)
+        for step in range(30):
+            turn_bounds.append(time.perf_counter())
+            m(torch.randn(4, 8)).pow(2).mean().backward(); o.step(); o.zero_grad()
+    turn_bounds.append(time.perf_counter())
+    turns = s.end_cell()["records"]
 print(json.dumps({"bounds": ends, "queued": queued, "comm": [r.get("comm_time_s") for r in records],
-                  "short": [(r.get("comm_time_s"), r.get("compute_time_s"), r["step_time_s"]) for r in short]}))
+                  "short": [(r.get("comm_time_s"), r.get("compute_time_s"), r["step_time_s"]) for r in short],
+                  "turns": [r.get("comm_time_s") for r in turns], "turn_bounds": turn_bounds}))
 """
 
 
@@ -316,6 +328,15 @@ def test_a_ddp_timed_by_its_reducer_gives_each_step_its_own_communication(tmp_pa
     assert all(short[i][0] > 0 and short[i][1] is not None for i in timed)  # the others have neither
     assert all(compute is None for comm, compute, _ in short if comm is None)
     assert 10 <= len(timed) < 90 and max(b - a for a, b in zip(timed, timed[1:])) <= 11, timed
+    turns = got["turns"]
+    assert len(turns) == 120
+    for turn in range(4):  # each turn's DDP is read again from its turn's start (not only after the other's sample)
+        timed = [i for i, comm in enumerate(turns[30 * turn:30 * turn + 30]) if comm is not None]
+        points = [0, *timed, 29]
+        assert timed and max(b - a for a, b in zip(points, points[1:])) <= 11, (turn, timed)
+    bounds = got["turn_bounds"]
+    for step, intervals in got["queued"][-120:]:  # each interval in its own step, the turns' first steps too
+        assert all(bounds[step] < start <= end < bounds[step + 1] for start, end in intervals), (step, intervals)
 
 
 def test_auto_metrics_is_honoured_by_jdist_run_and_the_notebook_and_refused_by_ray_fit():

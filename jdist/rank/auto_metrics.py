@@ -110,6 +110,7 @@ class AutoSteps:
         self.kind = session.ctx.device_kind
         self.integration = False  # a framework integration logs on this rank (logs_itself): for every cell
         self.reduced: list[_Reduced] = []  # DDPs their reducer times
+        self.next_read = 0  # the first step at which one of them may have a new interval (min of their next_read)
         self.steps = 0  # training steps on this rank, every cell
         self.begin_cell()
 
@@ -155,10 +156,15 @@ class AutoSteps:
         ddp._set_ddp_runtime_logging_sample_rate(1)
         ddp._jdist_reduced = r = _Reduced(ddp)
         self.reduced.append(r)
+        self.next_read = 0
 
     def missing(self, step: int) -> bool:
         """Whether a DDP that ran in ``step`` has no interval read for it."""
-        return any(step in r.used and step not in r.timed for r in self.reduced)
+        for r in self.reduced:  # (a loop, not any(): every step calls it)
+            used, timed = r.used, r.timed
+            if (step == used[0] or step == used[1]) and step != timed[0] and step != timed[1]:
+                return True
+        return False
 
     def _reduced(self, now: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]], bool]:
         """The communication intervals of the backward passes DDP's reducers timed that were not read yet:
@@ -194,11 +200,18 @@ class AutoSteps:
             else:
                 held = held_ends is not None and end * 1e-9 <= held_ends
                 step = self.steps - 1 if held else self.steps
-                r.end, r.timed = end, (step, r.timed[0]) if step != r.timed[0] else r.timed
-                (late if held else own).append((data["backward_comm_time_start"] * 1e-9 - self.clock,
-                                                end * 1e-9 - self.clock))
+                r.end = end
+                if held and (r.used[1] if r.used[0] == self.steps else r.used[0]) != step:
+                    pass  # the DDP's last iteration before a pause, noted when it ran again: its step went out
+                else:
+                    r.timed = (step, r.timed[0]) if step != r.timed[0] else r.timed
+                    (late if held else own).append((data["backward_comm_time_start"] * 1e-9 - self.clock,
+                                                    end * 1e-9 - self.clock))
                 self._pace(r, ddp, data.get("iteration", 0), now)
-        return late, own, not self.missing(self.steps - 1)
+        step = self.steps  # the next read: of the DDPs running now (one that resumes lowers it at its forward)
+        self.next_read = min((r.next_read for r in self.reduced if step in r.used or step - 1 in r.used),
+                             default=step + 1)
+        return late, own, not self.missing(step - 1)
 
     def _pace(self, r: _Reduced, ddp: Any, iteration: int, now: bool) -> None:
         """After a read: how often the DDP's reducer times its iterations (about every :data:`READ_EVERY_S`,
@@ -219,8 +232,9 @@ class AutoSteps:
         r.read_at, r.read_step = t, self.steps
         r.next_read = self.steps + (iteration // every + 1) * every - iteration
 
-    def stepped(self) -> None:
-        """An optimizer step ended: the first after a backward ends the training step.
+    def stepped(self, *_: Any) -> None:
+        """An optimizer step ended: the first after a backward ends the training step (the arguments of torch's
+        optimizer step post hook, ``(optimizer, args, kwargs)``, are not used).
 
         A step of one backward leaves its DDP interval to be read at the next step (the DDP notes it at that
         step's forward), and adds it to its record then, since the record is held back until the next step
@@ -237,7 +251,11 @@ class AutoSteps:
         late: list[tuple[float, float]] = []  # the held step's
         late_complete = own_complete = True
         if self.reduced:
-            if not self.explicit:  # what the DDP noted at this step's forwards
+            if self.explicit:  # (read at once, below)
+                pass
+            elif self.steps < self.next_read:  # no DDP has a new interval yet: nothing to read (most short steps)
+                late_complete = not self.missing(self.steps - 1)
+            else:  # what the DDPs noted at this step's forwards
                 late, own, late_complete = self._reduced(now=False)
                 for start, end in own:
                     timer.record(start, end)
@@ -393,7 +411,7 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     from .backends.base import timed_call
 
     undo: list[Callable[[], None]] = []
-    handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: steps.stepped())
+    handle = register_optimizer_step_post_hook(steps.stepped)
     undo.append(handle.remove)
 
     scaled: list[Any] = [None]  # (the scaled output, the loss) of the last GradScaler.scale
@@ -485,6 +503,8 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
             step = steps.steps + 1  # the step being run (AutoSteps.steps counts those that ended)
             if r is not None and r.used[0] != step:
                 r.used = (step, r.used[0])
+                if r.next_read < steps.next_read:  # (a DDP that did not run in the last steps)
+                    steps.next_read = r.next_read
             return real(self, *args, **kwargs)
 
         return forward
