@@ -225,7 +225,7 @@ def test_cuda_tensor_values_are_copied_without_a_sync_and_sent_once_arrived(monk
     assert events[1].waited == 1 and end["records"][0]["loss"] == 0.5
 
 
-def test_values_kept_on_the_device_are_copied_a_batch_at_a_time_by_the_publisher(monkeypatch):
+def test_values_kept_on_the_device_are_copied_a_batch_at_a_time_by_the_publisher(monkeypatch, capfd):
     # A CUDA value on the default stream stays a tensor on the training thread (ON_DEVICE); the publisher
     # starts one copy per device and dtype for the batch (sources._start_copy: CUDA cannot exist here, so
     # it is replaced by a CPU copy and a fake event) and reads the values once that copy's event completed.
@@ -267,6 +267,16 @@ def test_values_kept_on_the_device_are_copied_a_batch_at_a_time_by_the_publisher
         end = s.end_cell()  # the cell's end starts the copy and waits for it
     assert end["records"][0]["loss"] == 0.5 and copies[-1] == [0.5]
     assert auto_metrics.ON_DEVICE is sources.ON_DEVICE
+
+    def broken(device, tensors):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(sources, "_start_copy", broken)
+    with local_session(ListChannel()) as s:
+        jdist.log(step=0, loss=Kept(0.25), lr=0.1)
+        end = s.end_cell()  # the cell still ends: the record without its value, and one line
+    assert (end["records"][0]["loss"], end["records"][0]["lr"]) == (None, 0.1)
+    assert "copying 1 logged CUDA value(s) to the host failed" in capfd.readouterr().err
 
 
 def test_a_hosts_lowest_rank_sends_its_load_about_once_a_second_while_a_cell_runs():

@@ -124,7 +124,16 @@ def copy_to_host(entries: Sequence[Entry]) -> None:
             todo.setdefault(key, []).append((deferred, k, len(parts)))
             tensors.setdefault(key, []).extend(parts)
     for key, items in todo.items():
-        host, done = _start_copy(key[0], tensors[key])
+        try:
+            host, done = _start_copy(key[0], tensors[key])
+        except Exception as exc:  # (a CUDA error): the records go out without these values, with one line
+            import sys
+
+            print(f"jdist: copying {len(tensors[key])} logged CUDA value(s) to the host failed, their records have "
+                  f"none: {exc!r}", file=sys.__stderr__)
+            for deferred, k, _ in items:
+                deferred[k] = (deferred[k][0], None, None)
+            continue
         j = 0
         for deferred, k, n in items:
             name, value, _ = deferred[k]
@@ -165,7 +174,7 @@ def resolve_deferred(entries: Sequence[Entry]) -> None:
                 if type(host_copy) is list:
                     rec[name] = _sum_of(host_copy)
                 else:
-                    rec[name] = host_copy.item()
+                    rec[name] = None if host_copy is None else host_copy.item()  # (None: its copy failed)
 
 
 def _sum_of(parts: list[tuple[Any, float]]) -> float | None:
