@@ -204,6 +204,17 @@ def test_gpu_log_of_cuda_tensors_never_synchronises(kernel):
     losses = kernel.value("jdist.last_run().history.sort_values('step').loss.tolist()")
     assert losses == pytest.approx(kernel.value("expected")[0], rel=1e-6)
     assert kernel.value("set(jdist.last_run().history.acc)") == {0.5}
+    # values on the default stream are copied by the publisher a batch at a time; one made on another stream
+    # is copied at the log, on that stream
+    out = kernel.run("%%distributed\n"
+                     "side = torch.cuda.Stream()\n"
+                     "with torch.cuda.stream(side):\n"
+                     "    jdist.log(step=0, on_side=torch.full((), 7.0, device=device) * 2)\n"
+                     "jdist.log(step=1, on_default=torch.full((), 3.0, device=device))\n")
+    assert out.error is None, out.traceback
+    h = "jdist.last_run().history.sort_values('step')"
+    assert kernel.value(f"{h}.on_side.tolist()[0]") == 14.0
+    assert kernel.value(f"{h}.on_default.tolist()[1]") == 3.0
     kernel.run("%dist stop")
 
 
