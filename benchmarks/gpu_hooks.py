@@ -98,7 +98,9 @@ def main() -> None:
         auto, _, _, loss = variants[label]
         model, opt = loops[label]
         if auto:
-            steps = auto_metrics.enable(s)
+            steps = auto_metrics.enable(s)  # a new AutoSteps each block: the DDP built before is given to it
+            if getattr(model, "_jdist_comm", None) is not None:
+                model._jdist_comm.steps = steps  # (its hook's intervals end with the backward, as in a session)
             if not cuda and variants[label][1]:
                 steps.time_by_reducer(model)  # (a CPU rank times its DDP by the reducer's clock)
             auto_metrics.loss_values = copied_per_step if loss == "copy" else ours if loss else (lambda r, s: None)
