@@ -37,7 +37,7 @@ event recorded in jdist's communication hook, whose future has one Python callba
 out of the all-reduce's result, as torch's own ``allreduce_hook`` does; the bucket's interval ends with the
 backward pass, so there is no second callback for timing). A Python comm hook and its callback take the GIL on
 the autograd thread: about 100 µs a step at 2 CPU ranks on 2 cores, which is why CPU ranks use DDP's own clock
-instead, and about 300 µs at launch-bound ~1.7 ms steps on one H200 (``benchmarks/gpu_hooks.py``), where DDP's
+instead, and 80 to 300 µs at launch-bound ~1.7 ms steps on one H200 (``benchmarks/gpu_hooks.py``), where DDP's
 own clock is read by synchronising with its CUDA events. Nothing is read from a device, nothing is locked.
 
 Example (a session of one process; the hooks are torch's):
