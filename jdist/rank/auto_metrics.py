@@ -250,20 +250,18 @@ class AutoSteps:
         timer = s.timer
         late: list[tuple[float, float]] = []  # the held step's
         late_complete = own_complete = True
-        if self.reduced:
-            if self.explicit:  # (read at once, below)
-                pass
-            elif self.steps < self.next_read:  # no DDP has a new interval yet: nothing to read (most short steps)
+        if self.reduced and not self.explicit:
+            if self.steps < self.next_read:  # no DDP has a new interval yet: nothing to read (most short steps)
                 late_complete = not self.missing(self.steps - 1)
             else:  # what the DDPs noted at this step's forwards
                 late, own, late_complete = self._reduced(now=False)
                 for start, end in own:
                     timer.record(start, end)
-            if self.explicit or self.backwards > 1:  # this step's own, for its record or the code's jdist.log
-                _, own, _ = self._reduced(now=True)
-                for start, end in own:
-                    timer.record(start, end)
-                own_complete = not self.missing(self.steps)
+        if self.reduced and (self.explicit or self.backwards > 1):  # this step's own, for its record or jdist.log
+            _, own, _ = self._reduced(now=True)
+            for start, end in own:
+                timer.record(start, end)
+            own_complete = not self.missing(self.steps)
         now = time.perf_counter()
         roots, self.roots, self.backwards = self.roots, [], 0
         if self.explicit:
