@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -107,8 +108,11 @@ class BackendSpec:
     of ``per_trial`` ranks for its trials (and form again over the world after the sweep). ``releases``: a rank
     blocked in one of its collectives can be released (torch's groups: the rank's guard breaks their
     sockets); without it, a rank that does not stop after a release is restarted with the others.
-    ``keeps_groups``: path fragments of the library code whose ``new_group`` calls make groups it keeps for
-    later (DeepSpeed's, reused by its next engine): a release leaves those alone, whichever backend runs.
+    ``forget_groups``: ``"module:function"`` (rank side) that makes the library drop the process groups it
+    keeps for later (DeepSpeed's clone of the world group, reused by its next engine). A release breaks
+    every group, the library's too, and the default group is then made again; this is called on every rank
+    after that, whichever backend runs, when each of ``requires`` is imported there, so that the library
+    forms its groups again rather than use the broken ones.
     """
 
     name: str
@@ -126,7 +130,7 @@ class BackendSpec:
     hints: tuple[tuple[str, str], ...] = ()
     slots: bool = False
     releases: bool = True
-    keeps_groups: tuple[str, ...] = ()
+    forget_groups: str = ""
 
     def hints_for(self, errors: Iterable[str]) -> list[str]:
         """The hint lines for these ``ename: evalue`` lines, each once, in the order of :attr:`hints`.
@@ -151,6 +155,14 @@ class BackendSpec:
     def load(self) -> type:
         """The backend class (on the ranks)."""
         return load_object(self.factory)
+
+    def imported(self) -> bool:
+        """Whether each of :attr:`requires` is imported in this process already (nothing is imported here).
+
+        >>> BackendSpec("x", "m:C", requires=("sys",)).imported(), BackendSpec("y", "m:C", requires=("no_such",)).imported()
+        (True, False)
+        """
+        return all(m in sys.modules for m in self.requires)
 
     def owner(self) -> OptionOwner:
         return OptionOwner("backend", self.name, self.options, self.check)

@@ -1,4 +1,4 @@
-"""The backend interface and jdist's backends, their parts that need no process group
+"""The backend interface and jdist's backends, their parts that need no other rank
 (jdist.rank.backends): the comm timer, the hooks' defaults, FSDP's shard policy. On real ranks:
 tests/test_training.py (every backend), tests/test_extending.py (a backend of one's own)."""
 
@@ -87,3 +87,34 @@ def test_fsdp_default_policy_shards_blocks_and_transformer_layers():
     # the Linear blocks and the TransformerEncoder (a Sequential child with parameters), then each
     # of its layers on its own; nothing inside a layer
     assert names == ["Linear", "TransformerEncoder", "TransformerEncoderLayer", "TransformerEncoderLayer", "Linear"]
+
+
+def test_a_library_that_keeps_process_groups_drops_them_when_jdist_destroys_the_default_group(
+        monkeypatch, tmp_path, capfd):
+    """A backend spec's ``forget_groups`` runs whichever backend is on, where its library is imported (a
+    one-rank gloo group in this process; the specs are made up here). DeepSpeed's on real ranks:
+    tests/test_deepspeed.py, the interrupt test."""
+    import torch.distributed as dist
+
+    import jdist.plugins
+    from jdist.plugins import BackendSpec
+    from jdist.rank.backends.torch_group import destroy_process_group
+
+    (tmp_path / "keeper_lib.py").write_text("dropped = []\ndef forget():\n    dropped.append(1)\n"
+                                            "def broken():\n    raise RuntimeError('no such group')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import keeper_lib
+
+    monkeypatch.setattr(jdist.plugins, "backend_specs", lambda: {
+        "keeper": BackendSpec("keeper", "m:C", requires=("keeper_lib",), forget_groups="keeper_lib:forget"),
+        "absent": BackendSpec("absent", "m:C", requires=("no_such_lib",), forget_groups="no_such_lib:forget"),
+        "broken": BackendSpec("broken", "m:C", requires=("keeper_lib",), forget_groups="keeper_lib:broken")})
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        dist.new_group([0])  # a group the library would keep
+    finally:
+        destroy_process_group()
+    assert not dist.is_initialized() and keeper_lib.dropped == [1]
+    err = capfd.readouterr().err
+    assert "jdist: broken's own process groups could not be dropped" in err and "no such group" in err, err
+    assert "absent" not in err

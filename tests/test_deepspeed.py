@@ -314,12 +314,19 @@ def test_a_failing_rank_releases_the_other_from_a_zero_3_gather(ds):
 
 
 def test_interrupt_stops_zero_3_training_and_a_new_engine_trains(ds):
+    """Rank 1 waits in a collective on DeepSpeed's own group (its clone of the world group, as ZeRO's gradient
+    reduction does) when the interrupt comes: its guard breaks that group too (before, the rank waited out
+    the grace and the next cell found it still busy), and DeepSpeed forms its groups again for the next engine."""
     ds.run("%%distributed --zero 3\nmodel, opt = train(1)")
     out = ds.interrupted("%%distributed\nfor s in range(10**9):\n"
                          "    jdist.backward(nn.functional.mse_loss(model(X[:8]), Y[:8])); opt.step()\n"
-                         "    if s == 20: print('training', flush=True)", "training", wait=120)
+                         "    if s == 20:\n"
+                         "        if rank == 0:\n"
+                         "            time.sleep(0.5); print('training', flush=True); time.sleep(600)\n"
+                         "        dist.all_reduce(torch.ones(1), group=model.data_parallel_group)",
+                         "training", wait=120)
     assert out.error["ename"] == "KeyboardInterrupt", out.shown
-    assert "variables on the ranks are kept" in out.shown, out.shown
+    assert "every rank received SIGINT and stopped; variables on the ranks are kept" in out.shown, out.shown
     ds.run("%%distributed\nmodel, opt = train(3)\nok = len(full_params(model))")
     assert pulled(ds, "ok") == [6, 6]
     ds.run("%%distributed --zero 2\npass")

@@ -37,5 +37,5 @@ def check(config: ClusterConfig) -> None:
 SPEC = BackendSpec("deepspeed", "jdist.rank.backends.deepspeed:DeepSpeedBackend", requires=("deepspeed",),
                    install_hint=INSTALL_HINT, backward_waits=True,
                    collective_paths=(*COLLECTIVE_PATHS, "/deepspeed/comm/", "/deepspeed/runtime/zero/"),
-                   options=(ZERO, OFFLOAD), check=check, keeps_groups=("/deepspeed/",),
+                   options=(ZERO, OFFLOAD), check=check, forget_groups="jdist.rank.backends.deepspeed:forget_groups",
                    help="DeepSpeed ZeRO engines (stage 1/2/3, optional offload) on jdist's process group")

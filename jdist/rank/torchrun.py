@@ -176,23 +176,18 @@ def _patch() -> None:
 
 def new_group(*args: Any, **kwargs: Any) -> Any:
     """``torch.distributed.new_group`` on a jdist rank: torch's, and the sockets the group opens are noted by
-    the rank's guard, so an interrupt or a hang releases a collective waiting in it too (the user's groups,
-    ``new_subgroups``). Not those of a library that keeps its groups for later (a backend spec's
-    ``keeps_groups``: DeepSpeed's next engine hung in its first broadcast on a released one;
-    docs/reliability.md, Limits)."""
+    the rank's guard, so an interrupt or a hang releases a collective waiting in it too: the user's groups,
+    ``new_subgroups``, and a library's own (DeepSpeed's clone of the world group, which it forms again
+    after the release: a backend spec's ``forget_groups``)."""
     import torch.distributed.distributed_c10d as c10d
-
-    from jdist.plugins import backend_specs
 
     from .guard import socket_fds
     from .session import current
 
-    caller = sys._getframe(1).f_code.co_filename.replace(os.sep, "/")
     before = socket_fds()
     group = _REAL.get("new_group", c10d.new_group)(*args, **kwargs)
     s = current()
-    kept = any(part in caller for spec in backend_specs().values() for part in spec.keeps_groups)
-    if s is not None and s.guard is not None and not kept:
+    if s is not None and s.guard is not None:
         s.guard.note_group_sockets(before, more=True)
     return group
 

@@ -339,17 +339,6 @@ class DeepSpeedBackend(TorchBackend):
         ranks = {s.name.split("zero_pp_rank_")[1].split("_")[0] for s in shards if "zero_pp_rank_" in s.name}
         return len(ranks) or None
 
-    def recreate_group(self) -> Any:
-        import deepspeed.comm
-
-        with contextlib.suppress(Exception):  # DeepSpeed's references to the broken group go first
-            from deepspeed.utils import groups
-
-            groups._release_process_group_references(group=None)
-        group = super().recreate_group()
-        deepspeed.comm.init_distributed(auto_mpi_discovery=False, dist_init_required=False)
-        return group
-
     def reattach(self, model: Any, group: Any) -> bool | None:
         return False if _is_engine(model) else None
 
@@ -360,11 +349,24 @@ class DeepSpeedBackend(TorchBackend):
 
     def teardown(self) -> None:
         self.end_engines()
-        with contextlib.suppress(Exception):
-            from deepspeed.utils import groups
-
-            groups._release_process_group_references(group=None)
         super().teardown()
+
+
+def forget_groups() -> None:
+    """Make DeepSpeed form its process groups again (its clone of the world group, the data-parallel and
+    expert groups it caches) once jdist destroyed the default group, with every group made after it (a
+    release broke them all; the spec's ``forget_groups``). Without it the next engine took the broken clone."""
+    from deepspeed.utils import groups
+
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(group=None)
+        return
+    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):  # before 0.19.8
+        if hasattr(groups, name):
+            setattr(groups, name, None)
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_ALL_TO_ALL_GROUP"):
+        getattr(groups, name, {}).clear()
 
 
 def deepspeed_config(grad_accum: int = 1, micro_batch_size: int = 1, ds_config: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -145,6 +145,7 @@ def recreate_process_group(ctx: RankContext) -> Any:
             real_destroy_process_group()
         except Exception:  # a broken group may complain while shutting down; it is gone either way
             pass
+        forget_library_groups()
     old = ctx.generation
     ctx.generation += 1
     ctx.comm.Barrier()  # every rank has let go of the old group before the new one forms
@@ -157,6 +158,25 @@ def recreate_process_group(ctx: RankContext) -> Any:
     return dist.distributed_c10d._get_default_group()
 
 
+def forget_library_groups() -> None:
+    """Libraries that keep process groups for later drop them (each backend spec's ``forget_groups``, where
+    that library is imported, whichever backend runs), once the default group is destroyed: every group made
+    after it is gone with it, and a release broke their connections. A failure is one line: the library's
+    next use may then fail."""
+    import sys
+
+    from jdist.plugins import backend_specs, load_object
+
+    for spec in backend_specs().values():
+        if spec.forget_groups and spec.imported():
+            try:
+                load_object(spec.forget_groups)()
+            except Exception as exc:
+                print(f"jdist: {spec.name}'s own process groups could not be dropped after the group was made "
+                      f"again ({type(exc).__name__}: {exc}); if its next use hangs, run %dist restart.",
+                      file=sys.stderr, flush=True)
+
+
 def destroy_process_group() -> None:
     import torch.distributed as dist
 
@@ -164,4 +184,5 @@ def destroy_process_group() -> None:
 
     if dist.is_initialized():
         real_destroy_process_group()
+        forget_library_groups()
 
