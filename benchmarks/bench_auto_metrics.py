@@ -28,24 +28,38 @@ for a DDP timed by its reducer: the ~10 ms model (two buckets) under ``jdist run
 ``comm_time_s`` against the union of each step's ``gloo:all_reduce`` events in torch.profiler, the same
 50 steps (medians). DDP's interval ends with the backward pass, so it may only be longer.
 
+Times on this machine move by more than the hooks cost, so two counts that do not depend on the machine's
+load follow (also run by default): the Python opcodes the hooks add to a step, by function (``--opcodes-only``:
+``sys.settrace`` over 200 steps of the in-process loop, the DDP timed as in a run; seconds), and, with
+``--instructions`` (valgrind's callgrind; about 10 minutes), the machine instructions of the training thread per
+step with automatic metrics off and on, from two runs of each (200 and 1200 steps; the difference leaves out
+Python's start and torch's import). Target: ≤ 1.03× the instructions without hooks, the 1 ms budget in a unit that
+a loaded machine does not move. Instructions are not time (a hook's code and data may be out of the cache at each
+step, as the in-process table shows), and the publisher thread's work (about 13 µs a record on this machine) runs
+beside the training thread, on another core where there is one.
+
 Usage::
 
-    .venv/bin/python benchmarks/bench_auto_metrics.py [--repeats 5] [--steps 1000] [--json auto.json]
+    .venv/bin/python benchmarks/bench_auto_metrics.py [--repeats 5] [--steps 1000] [--json auto.json] [--instructions]
     .venv/bin/python benchmarks/bench_auto_metrics.py --in-process-only [--blocks 30]
     .venv/bin/python benchmarks/bench_auto_metrics.py --comm-check-only
+    .venv/bin/python benchmarks/bench_auto_metrics.py --opcodes-only [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 
@@ -228,6 +242,157 @@ def print_in_process(blocks: int) -> dict[str, tuple[float, float]]:
     return steps
 
 
+#: The loop whose instructions are counted: one gloo rank, the ~1 ms model, a rank session with its publisher thread,
+#: automatic metrics ``on`` or ``off`` (argv 1), ``steps`` steps after 30 (argv 2). The DDP is read on every 10th
+#: step, as at ~1 ms steps outside valgrind (which runs the loop ~50x slower).
+COUNT_SCRIPT = """import socket, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from jdist.codec import encode_data
+from jdist.rank import auto_metrics
+from jdist.rank.session import Publisher, local_session
+auto_metrics.READ_EVERY_S = 1e9
+class Encoded:
+    def publish(self, message): encode_data(message)
+mode, steps = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(1)
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+x, y = torch.randn(32, 64), torch.randn(32, 1)
+with local_session(channel=Encoded()) as s:
+    publisher = Publisher(s)
+    if mode == "on":
+        auto_metrics.enable(s)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(30 + steps):
+        loss = (model(x) - y).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    s.end_cell()
+    publisher.stop()
+    auto_metrics.disable(s)
+dist.destroy_process_group()
+"""
+
+
+def opcodes(steps: int = 200) -> dict[str, float]:
+    """Python opcodes per step of the in-process ~1 ms loop, by function (``file:name``), automatic metrics on
+    (the DDP timed by its reducer, read every 10th step) less off; the key ``""`` holds the total without hooks."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from jdist.codec import encode_data
+    from jdist.rank import auto_metrics
+    from jdist.rank.session import local_session
+
+    class Encoded:
+        def publish(self, message: object) -> None:
+            encode_data(message)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    x, y = torch.randn(32, 64), torch.randn(32, 1)
+    root = str(Path(auto_metrics.__file__).parents[2]) + os.sep
+    read_every = auto_metrics.READ_EVERY_S
+    auto_metrics.READ_EVERY_S = 1e9  # every 10th step, whatever this machine's step time
+
+    def count(auto: bool) -> collections.Counter[str]:
+        seen: collections.Counter[str] = collections.Counter()
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            frame.f_trace_opcodes = True
+            code = frame.f_code
+            key = f"{code.co_filename.replace(root, '').split('site-packages' + os.sep)[-1]}:{code.co_name}"
+
+            def local(frame: Any, event: str, arg: Any) -> Any:
+                if event == "opcode":
+                    seen[key] += 1
+                return local
+
+            return local
+
+        with local_session(channel=Encoded()) as s:
+            if auto:
+                auto_metrics.enable(s)
+            torch.manual_seed(0)
+            model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                                                torch.nn.Linear(64, 1)))
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for i in range(50 + steps):
+                if i == 50:
+                    sys.settrace(tracer)
+                loss = (model(x) - y).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sys.settrace(None)
+            s.end_cell()
+            auto_metrics.disable(s)
+        return seen
+
+    try:
+        off, on = count(False), count(True)
+    finally:
+        auto_metrics.READ_EVERY_S = read_every
+        dist.destroy_process_group()
+    added = {k: (on[k] - off[k]) / steps for k in set(on) | set(off) if on[k] != off[k]}
+    return {"": sum(off.values()) / steps, **added}
+
+
+def print_opcodes() -> dict[str, float]:
+    added = opcodes()
+    base = added.pop("")
+    total = sum(added.values())
+    print(f"\nPython opcodes per step (sys.settrace, 200 steps of the in-process loop): {base:.0f} without hooks, "
+          f"{total:+.0f} with automatic metrics on ({100 * total / base:+.1f}%)\n")
+    for key, n in sorted(added.items(), key=lambda kv: -abs(kv[1])):
+        if abs(n) >= 1:
+            print(f"{n:+8.1f}  {key}")
+    return {"without": base, **added}
+
+
+def instructions() -> dict[str, float] | None:
+    """The training thread's instructions per step, automatic metrics off and on (callgrind, see the module doc);
+    None without valgrind."""
+    if shutil.which("valgrind") is None:
+        print("\n(instructions: valgrind is not installed; skipped)")
+        return None
+    runs = [(mode, steps) for mode in ("off", "on") for steps in (200, 1200)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "count.py").write_text(COUNT_SCRIPT)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+        def start(mode: str, steps: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(["valgrind", "--tool=callgrind", "--separate-threads=yes",
+                                     f"--callgrind-out-file={work}/cg.{mode}.{steps}", sys.executable, "count.py",
+                                     mode, str(steps)], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+
+        for pair in (runs[:2], runs[2:]):  # two at a time (two cores)
+            for proc in [start(*run) for run in pair]:
+                if proc.wait() != 0:
+                    raise SystemExit("valgrind's run of the counting loop failed")
+        totals = {}
+        for mode, steps in runs:
+            text = (work / f"cg.{mode}.{steps}-01").read_text(errors="replace")  # thread 1: the training thread
+            totals[(mode, steps)] = int(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("summary:")))
+    per_step = {mode: (totals[(mode, 1200)] - totals[(mode, 200)]) / 1000 for mode in ("off", "on")}
+    ratio = per_step["on"] / per_step["off"]
+    print(f"\ntraining thread instructions per step (callgrind, 1000 steps: 1200 less 200)\n")
+    print(f"automatic metrics off  {per_step['off']:>10.0f}")
+    print(f"automatic metrics on   {per_step['on']:>10.0f}  {per_step['on'] - per_step['off']:+.0f}  "
+          f"{ratio:.3f}x  target ≤ 1.03x  {'yes' if ratio <= 1.03 else 'NO'}")
+    return {**per_step, "ratio": ratio}
+
+
 def comm_check(work: Path) -> dict[str, float]:
     """jdist's comm time (DDP timed by its reducer) against torch.profiler's all-reduces, same steps, rank 0."""
     from jdist.metrics.store import read_frames
@@ -262,9 +427,17 @@ def main() -> None:
     ap.add_argument("--in-process-only", action="store_true", help="only the hooks' own cost (about 1 minute)")
     ap.add_argument("--comm-check-only", action="store_true",
                     help="only jdist's comm time against torch.profiler's (about 20 s)")
+    ap.add_argument("--opcodes-only", action="store_true", help="only the Python opcodes the hooks add (seconds)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also the training thread's instructions per step under valgrind (about 10 minutes)")
     args = ap.parse_args()
     if args.in_process_only:
         print_in_process(args.blocks)
+        return
+    if args.opcodes_only:
+        print_opcodes()
+        if args.instructions:
+            instructions()
         return
     if args.comm_check_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -312,6 +485,9 @@ def main() -> None:
     steps = print_in_process(args.blocks)
     summary["in process"] = {label: {"median_us": 1e6 * step, "mean_us": 1e6 * mean}
                              for label, (step, mean) in steps.items()}
+    summary["opcodes"] = print_opcodes()
+    if args.instructions:
+        summary["instructions"] = instructions()
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

@@ -355,18 +355,12 @@ class DeepSpeedBackend(TorchBackend):
 def forget_groups() -> None:
     """Make DeepSpeed form its process groups again (its clone of the world group, the data-parallel and
     expert groups it caches) once jdist destroyed the default group, with every group made after it (a
-    release broke them all; the spec's ``forget_groups``). Without it the next engine took the broken clone."""
+    release broke them all; the spec's ``forget_groups``). Without it the next engine took the broken clone.
+    (DeepSpeed's own reset, made for its ``destroy_process_group``; a DeepSpeed without it fails here, and
+    :func:`~jdist.rank.backends.torch_group.forget_library_groups` says so in one line.)"""
     from deepspeed.utils import groups
 
-    release = getattr(groups, "_release_process_group_references", None)
-    if release is not None:
-        release(group=None)
-        return
-    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):  # before 0.19.8
-        if hasattr(groups, name):
-            setattr(groups, name, None)
-    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP", "_ALL_TO_ALL_GROUP"):
-        getattr(groups, name, {}).clear()
+    groups._release_process_group_references(group=None)
 
 
 def deepspeed_config(grad_accum: int = 1, micro_batch_size: int = 1, ds_config: dict[str, Any] | None = None) -> dict[str, Any]:
