@@ -240,3 +240,36 @@ def test_a_controller_that_does_not_return_after_a_failure_is_killed_and_the_err
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
         time.sleep(0.5)
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
+
+
+def test_a_local_ray_start_that_ran_out_of_rays_30_s_is_tried_once_more(capsys):
+    """Ray's own start stands in (an overloaded GCS cannot be made to order): a local start that timed out is
+    tried once more after one line; a second time out, another error, or a remote address is Ray's own error."""
+    from jdist.kernel.raytrain import start_ray
+
+    class FakeRay:
+        def __init__(self, *errors):
+            self.errors, self.inits, self.shutdowns = list(errors), [], 0
+
+        def init(self, **kwargs):
+            self.inits.append(kwargs)
+            if self.errors:
+                raise self.errors.pop(0)
+
+        def shutdown(self):
+            self.shutdowns += 1
+
+    timed_out = Exception("The current node timed out during startup. This could happen because ...")
+    once = FakeRay(timed_out)
+    start_ray(once, address=None, include_dashboard=False)
+    assert once.inits == [{"address": None, "include_dashboard": False}] * 2 and once.shutdowns == 1
+    assert capsys.readouterr().err == ("jdist.ray: Ray's local start timed out (its raylet did not register within "
+                                       "Ray's 30 s; the machine is busy); starting it once more.\n")
+    twice, remote, other = FakeRay(timed_out, timed_out), FakeRay(timed_out), FakeRay(ValueError("bad runtime_env"))
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_ray(twice, address=None)
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_ray(remote, address="ray://head:10001")
+    with pytest.raises(ValueError, match="bad runtime_env"):
+        start_ray(other, address=None)
+    assert (len(twice.inits), len(remote.inits), len(other.inits)) == (2, 1, 1)

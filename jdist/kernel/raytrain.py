@@ -82,6 +82,10 @@ CONTROLLER_WAIT_S = 60.0
 ABORT_S = 30.0
 HEALTH_CHECK_VAR = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 PREEMPTION_WATCHER_VAR = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+#: What Ray raises when a local node's raylet did not register within its fixed 30 s (``ray/_private/node.py``).
+#: It happened on a busy 2-core machine (CI, the suite's first Ray start beside another worker's ranks), and the
+#: next start in the same process succeeded.
+STARTUP_TIMED_OUT = "timed out during startup"
 
 
 def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any:
@@ -113,7 +117,7 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
         local = {} if address else {"runtime_env": {"worker_process_setup_hook": "jdist.ray.bridge.without_state_api"}}
         if not address and not os.environ.get("RAY_ADDRESS"):  # a local Ray on this machine: no cloud preemption
             os.environ.setdefault(PREEMPTION_WATCHER_VAR, "0")
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True, **local)
+        start_ray(ray, address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=True, **local)
     scaling = trainer.scaling_config
     world = int(scaling.num_workers or 1)
     run_id = new_run_id()
@@ -140,6 +144,21 @@ def fit(trainer: Any, *, address: str | None = None, **cell_options: Any) -> Any
             ray.kill(queue.actor)
         except Exception:
             pass
+
+
+def start_ray(ray: Any, **init: Any) -> None:
+    """``ray.init(**init)``; a local start that ran out of Ray's fixed 30 s for its raylet is tried once more,
+    after one line on stderr (a busy machine; :data:`STARTUP_TIMED_OUT`). Other errors, and a second time out,
+    are raised as Ray raised them."""
+    try:
+        ray.init(**init)
+    except Exception as exc:
+        if init.get("address") or STARTUP_TIMED_OUT not in str(exc):
+            raise
+        ray.shutdown()  # what the failed start left running
+        print("jdist.ray: Ray's local start timed out (its raylet did not register within Ray's 30 s; the machine "
+              "is busy); starting it once more.", file=sys.stderr, flush=True)
+        ray.init(**init)
 
 
 class _Driver:
