@@ -34,9 +34,9 @@ load follow (also run by default): the Python opcodes the hooks add to a step, b
 ``--instructions`` (valgrind's callgrind; about 10 minutes), the machine instructions of the training thread per
 step with automatic metrics off and on, from two runs of each (200 and 1200 steps; the difference leaves out
 Python's start and torch's import). Target: ≤ 1.03× the instructions without hooks, the 1 ms budget in a unit that
-a loaded machine does not move. Instructions are not time (a hook's code and data may be out of the cache at each
-step, as the in-process table shows), and the publisher thread's work (about 13 µs a record on this machine) runs
-beside the training thread, on another core where there is one.
+a loaded machine does not move. Instructions are not time: the in-process table's time is more than the hooks'
+share of the instructions (cache misses, say, which these counts leave out); and the publisher thread's work
+(about 13 µs a record on this machine) runs beside the training thread, on another core where there is one.
 
 Usage::
 
