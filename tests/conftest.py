@@ -120,6 +120,23 @@ def wait_for(predicate: Any, timeout: float = 60, interval: float = 0.05, what: 
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value: {last!r}")
 
 
+def sigint_in_a_destructor() -> None:
+    """Send SIGINT to this process so that its handler runs inside a destructor: Python prints the
+    KeyboardInterrupt it raises ("Exception ignored in ...") and drops it, as when it lands in pyzmq's
+    ``Frame.__dealloc__`` while a driver polls. Call it on the main thread (the tests run its source in the
+    kernel too)."""
+    import os
+    import signal
+    import time
+
+    class Freed:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here
+
+    Freed()
+
+
 @dataclass
 class CellOutput:
     stdout: str = ""

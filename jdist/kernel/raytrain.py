@@ -49,6 +49,7 @@ from jdist.plugins import option_table
 
 from .sinks import default_sinks
 from .supervise.collect import RecordCollector
+from .supervise.sigint import SigintCount
 
 #: ``jdist.ray.fit`` as a front end (:class:`jdist.options.Frontend`): Ray starts and places its own workers,
 #: so no cluster option applies; of the cell options, those of the run's sinks.
@@ -187,10 +188,12 @@ class _Driver:
         thread = threading.Thread(target=self._fit, name="jdist-ray-fit", daemon=True)
         thread.start()
         try:
-            while thread.is_alive() and not self._stalled():
-                self._drain()
-                self.collector.tick()
-                thread.join(POLL_S)
+            with SigintCount() as sigints:  # a Ctrl-C that Python drops in a destructor is raised again
+                while thread.is_alive() and not self._stalled():
+                    sigints.check()
+                    self._drain()
+                    self.collector.tick()
+                    thread.join(POLL_S)
         except KeyboardInterrupt:
             self._abort(thread)
             self._finish(thread, "interrupted", "interrupted")

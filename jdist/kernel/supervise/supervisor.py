@@ -23,9 +23,7 @@ Example:
 from __future__ import annotations
 
 import queue
-import signal
 import sys
-import threading
 import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -44,6 +42,7 @@ from .hooks import CellHook
 from .outcome import Observations, classify
 from .output import RankOutput
 from .report import CellResult
+from .sigint import SigintCount
 from .view import IppCellView, Message
 
 if TYPE_CHECKING:
@@ -60,62 +59,6 @@ class Phase(str, Enum):
     RELEASING = "releasing"
     DRAINING = "draining"
     DONE = "done"
-
-
-class SigintCount:
-    """While a cell runs, SIGINT does what its handler did (KeyboardInterrupt) and is also counted, so that an interrupt
-    Python dropped is handled all the same: raised in a signal handler that ran inside a destructor (a
-    Cython ``__dealloc__``, such as pyzmq's ``Frame``, or a ``__del__``), the exception is printed as
-    "Exception ignored in ..." and lost, and the cell went on as if the user had not interrupted it (seen in
-    a test run). :meth:`check` raises it again at the wait loop's next turn. In the main thread only (where
-    Python runs signal handlers); elsewhere it does nothing.
-
-    >>> import os, signal
-    >>> with SigintCount() as c:
-    ...     try:
-    ...         os.kill(os.getpid(), signal.SIGINT); time.sleep(1)
-    ...     except KeyboardInterrupt:
-    ...         c.handled()
-    ...     c.check()  # nothing was dropped
-    """
-
-    def __init__(self) -> None:
-        self.count = 0  # KeyboardInterrupts the SIGINT handler raised
-        self.seen = 0  # KeyboardInterrupts handled
-        self.previous: Any = None
-
-    def __enter__(self) -> SigintCount:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        """The handler before decides (``jdist run``'s: a second Ctrl-C ends the ranks); a KeyboardInterrupt
-        it raises is counted."""
-        previous = self.previous
-        if callable(previous):
-            try:
-                previous(signum, frame)
-            except KeyboardInterrupt:
-                self.count += 1
-                raise
-            return
-        if previous != signal.SIG_IGN:
-            self.count += 1
-            raise KeyboardInterrupt
-
-    def check(self) -> None:
-        """Raise KeyboardInterrupt for an interrupt that arrived but was not handled (Python dropped it)."""
-        if self.seen < self.count:
-            raise KeyboardInterrupt
-
-    def handled(self) -> None:
-        """A KeyboardInterrupt was handled."""
-        self.seen = min(self.seen + 1, self.count)
 
 
 class CellSupervisor:

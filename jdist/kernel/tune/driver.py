@@ -18,6 +18,7 @@ from jdist.protocol import TUNE_REPLY, RankCall
 from ..sinks import RunLogSink
 from ..supervise.collect import RecordCollector
 from ..supervise.detectors import HangWatchdog, LeftInCollective, Release, ReleaseAgain
+from ..supervise.sigint import SigintCount
 from ..supervise.view import IppCellView
 from .requests import answer, as_request
 from .view import SweepView
@@ -151,7 +152,8 @@ class Sweep:
         self.entering = self.cluster.apply_async(RankCall("tune_enter"), self.per_trial)
         self.entering.add_done_callback(lambda _: self.wake.set())
         try:
-            self._loop(optuna, name)
+            with SigintCount() as sigints:  # a Ctrl-C that Python drops in a destructor is raised again
+                self._loop(optuna, name, sigints)
             if self.enter_error is not None:
                 raise RuntimeError(f"jdist.tune: the slots could not be formed, {self.enter_error}")
             if self.stuck and not self.interrupted:
@@ -212,9 +214,10 @@ class Sweep:
                 except Exception:
                     pass
 
-    def _loop(self, optuna: Any, name: str) -> None:
+    def _loop(self, optuna: Any, name: str, sigints: SigintCount) -> None:
         while True:
             try:
+                sigints.check()
                 self._check_entered()
                 self._dispatch_or_death(optuna, name)
                 if not self.running and not self.ending and self.entering is None:
@@ -250,13 +253,14 @@ class Sweep:
                         self._finish(optuna, tr)
                 self.view.update()
             except KeyboardInterrupt:
+                sigints.handled()
                 if not self.interrupted:
                     self.interrupted = True
                     try:
                         self._stop_all("interrupted")
                         continue
                     except KeyboardInterrupt:  # the second Ctrl-C came while the stops were sent
-                        pass
+                        sigints.handled()
                 # a second Ctrl-C: stop waiting for the trials; those still on their ranks are named, and the
                 # ranks restarted (their slot groups cannot be given back while a trial runs in them)
                 self._stop_waiting()
