@@ -68,6 +68,50 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByFamily(config, log)
 
 
+class WorkerTimes:
+    """On the controller of an xdist run (``make test``): each worker's busy seconds and families, printed at the
+    end and written to ``build/pytest-durations.json`` (test -> seconds, set-up and teardown included), the
+    figures :data:`LONGEST_FIRST` and the 15-minute budget are kept with."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, float] = {}
+        self.worker_of: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = getattr(report, "node", None)
+        if node is not None:
+            self.tests[report.nodeid] = self.tests.get(report.nodeid, 0.0) + report.duration
+            self.worker_of[report.nodeid] = node.gateway.id
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        if not self.tests:
+            return
+        import json
+
+        busy: dict[str, float] = {}
+        families: dict[str, dict[str, float]] = {}
+        for nodeid, seconds in self.tests.items():
+            worker = self.worker_of[nodeid]
+            busy[worker] = busy.get(worker, 0.0) + seconds
+            per = families.setdefault(worker, {})
+            per[family(nodeid)] = per.get(family(nodeid), 0.0) + seconds
+        for worker in sorted(busy):
+            top = sorted(families[worker].items(), key=lambda kv: -kv[1])[:4]
+            terminalreporter.write_line(f"{worker}: busy {busy[worker]:.0f} s; longest families: "
+                                        + ", ".join(f"{name} {t:.0f} s" for name, t in top))
+        out = config.rootpath / "build" / "pytest-durations.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps({"workers": {w: round(t, 1) for w, t in busy.items()},
+                                   "families": {w: {f: round(t, 1) for f, t in fam.items()}
+                                                for w, fam in families.items()},
+                                   "tests": {n: round(t, 2) for n, t in sorted(self.tests.items())}}, indent=1))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist, where it prints nothing)
+        config.pluginmanager.register(WorkerTimes(), "jdist-worker-times")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         heavy = HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
