@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	HATCH_JUPYTER_BUILDER_SKIP_NPM=1 $(BIN)/python -m pip install -q -e ".[test]"
+	@# rfc3987-syntax (jsonschema's optional "iri" format check, pulled in by JupyterLab; no Jupyter schema
+	@# uses that format) builds its parsers at import: 2.2 s of CPU in every process that imports jsonschema,
+	@# each Ray worker among them (a Ray Train fit of 2 workers: 29 -> 23 s here). docs/frameworks.md.
+	$(BIN)/python -m pip uninstall -q -y rfc3987-syntax
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -129,25 +129,34 @@ def where_in_cell(frames: Sequence[Frame]) -> str:
 
 
 def parse_faulthandler(text: str, main_ident: int) -> list[Frame]:
-    """The main thread's frames (innermost first) from a ``faulthandler`` dump of all threads.
+    """The main thread's frames (innermost first) from a ``faulthandler`` dump of all threads; of the last
+    dump where several were appended (``dump_traceback_later(repeat=True)``).
 
     >>> dump = 'Thread 0x0000000000000001 (most recent call first):\\n  File "/tmp/ipykernel_7/1.py", line 2 in <module>\\n'
     >>> parse_faulthandler(dump, 1)
     [('/tmp/ipykernel_7/1.py', 2, '<module>')]
+    >>> parse_faulthandler(dump + dump.replace("line 2", "line 3"), 1)
+    [('/tmp/ipykernel_7/1.py', 3, '<module>')]
     """
+    dumps = _main_thread_dumps(text, main_ident)
+    return dumps[-1] if dumps else []
+
+
+def _main_thread_dumps(text: str, main_ident: int) -> list[list[Frame]]:
+    """The main thread's frames in each dump of ``text``, oldest first."""
     want = f"0x{main_ident:016x}"
-    frames: list[Frame] = []
+    dumps: list[list[Frame]] = []
     inside = False
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
-            if inside:
-                break
             inside = want in line
+            if inside:
+                dumps.append([])
             continue
         m = _FRAME_LINE.match(line)
         if inside and m:
-            frames.append((m.group(1), int(m.group(2)), m.group(3)))
-    return frames
+            dumps[-1].append((m.group(1), int(m.group(2)), m.group(3)))
+    return dumps
 
 
 def setup_dump_header(pid: int, main_ident: int, rank: int) -> str:
@@ -159,17 +168,19 @@ def setup_dump_header(pid: int, main_ident: int, rank: int) -> str:
     return f"jdist-setup pid={pid} main={main_ident} rank={rank}\n"
 
 
-def parse_setup_dump(text: str) -> tuple[int, int, list[Frame]] | None:
-    """(rank, pid, the main thread's frames, innermost first) of a set-up stack dump; None without a header.
+def parse_setup_dump(text: str) -> tuple[int, int, list[Frame], int] | None:
+    """(rank, pid, the main thread's frames in the newest dump, innermost first, and how many dumps were
+    written: one every ``--timeout`` s) of a set-up stack dump file; None without a header.
 
     >>> parse_setup_dump('jdist-setup pid=42 main=1 rank=0\\nThread 0x0000000000000001 (most recent call first):\\n'
     ...                  '  File "/x/jdist/rank/bootstrap.py", line 78 in mpi_world\\n')
-    (0, 42, [('/x/jdist/rank/bootstrap.py', 78, 'mpi_world')])
+    (0, 42, [('/x/jdist/rank/bootstrap.py', 78, 'mpi_world')], 1)
     """
     m = re.match(r"jdist-setup pid=(\d+) main=(\d+) rank=(\d+)", text)
     if m is None:
         return None
-    return int(m.group(3)), int(m.group(1)), parse_faulthandler(text, int(m.group(2)))
+    dumps = _main_thread_dumps(text, int(m.group(2)))
+    return int(m.group(3)), int(m.group(1)), dumps[-1] if dumps else [], len(dumps)
 
 
 def format_progress(p: Progress) -> str:

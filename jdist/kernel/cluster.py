@@ -61,8 +61,10 @@ EXIT_WAIT_S = 2.0
 #: no bound, %dist stop waited for ever (tests/test_cluster.py); the launcher ends what is left.
 SIGNAL_WAIT_S = 10.0
 #: How much longer than ``--timeout`` the kernel waits for the ranks' set-up: the process group's own
-#: timeout (the same ``--timeout``) gives a better error than the kernel's giving up.
-SETUP_SLACK_S = 30.0
+#: timeout (the same ``--timeout``) gives a better error than the kernel's giving up, and the imports are
+#: not bounded by ``--timeout`` (TensorFlow's takes 7 s on an idle 2-core machine; with ``--timeout 5``,
+#: two TF ranks restarting beside other work had not set up within 30 s more, seen in a test run).
+SETUP_SLACK_S = 60.0
 #: The innermost frames of a rank's stack shown when its set-up did not end in time.
 SETUP_FRAMES = 12
 #: In the cluster's private folder: the owner's PID and start time, which the controller watches.
@@ -260,19 +262,21 @@ class ClusterSession:
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:
         """The lines of the error when set-up did not end in time: how many ranks, and where each waited
-        when its own ``--timeout`` ran out (the dumps of :func:`jdist.rank.bootstrap.watch_setup`)."""
+        at its newest stack dump (:func:`jdist.rank.bootstrap.watch_setup` writes one every ``--timeout`` s)."""
         lines = [f"Setting up backend {self.config.backend!r} on the ranks did not end within {waited:g} s "
                  f"(--timeout {self.config.timeout:g} and {SETUP_SLACK_S:g} s more): {pending} of {n} rank(s) "
                  "still at it. Start the ranks again (run the cell or the command again); give a longer --timeout if "
                  "set-up is this slow here."]
         dumps = sorted(self.work_dir.glob(f"{SETUP_DUMP_PREFIX}*.txt")) if self.work_dir is not None else []
-        for rank, pid, frames in sorted(filter(None, (parse_setup_dump(p.read_text(errors="replace")) for p in dumps))):
+        for rank, pid, frames, count in sorted(filter(None, (parse_setup_dump(p.read_text(errors="replace"))
+                                                             for p in dumps))):
             ours = [i for i, (file, _, _) in enumerate(frames) if "/jdist/rank/" in file.replace(os.sep, "/")]
             frames = frames[:ours[-1] + 1] if ours else frames  # from the set-up's entry in, not the engine's loop
-            lines += [f"Rank {rank} (process {pid}), {self.config.timeout:g} s into its set-up (innermost call last):",
+            lines += [f"Rank {rank} (process {pid}), {max(1, count) * self.config.timeout:g} s into its set-up "
+                      "(innermost call last):",
                       format_stack(frames[:SETUP_FRAMES]) if frames else "  (its stack was not written)"]
         if not dumps and self.launcher is not None and self.launcher.output().strip():
-            lines += ["The ranks' output (with their stacks, written after --timeout s):",
+            lines += ["The ranks' output (with their stacks, written every --timeout s):",
                       *self.launcher.output().splitlines()[-40:]]
         return lines
 

@@ -78,9 +78,10 @@ def _setup(config: SetupConfig) -> RankInfo:
 
 
 def watch_setup(config: SetupConfig) -> Callable[[], None]:
-    """If this rank's set-up takes longer than ``--timeout``, faulthandler writes every thread's stack where
-    the kernel reads it when it gives up waiting: ``setup-stacks-<pid>.txt`` in the cluster's folder (ranks on
-    the kernel's host), else this process's stderr (the launcher's output). Returns what ends the watch."""
+    """If this rank's set-up takes longer than ``--timeout``, faulthandler writes every thread's stack, and
+    again every ``--timeout`` s (the kernel shows the newest, where the rank was when it gave up waiting),
+    where the kernel reads them: ``setup-stacks-<pid>.txt`` in the cluster's folder (ranks on the kernel's
+    host), else this process's stderr (the launcher's output). Returns what ends the watch."""
     import faulthandler
     import threading
 
@@ -99,7 +100,7 @@ def watch_setup(config: SetupConfig) -> Callable[[], None]:
             out = sys.__stderr__
         else:
             return lambda: None
-        faulthandler.dump_traceback_later(float(config.get("timeout", 60)), file=out)
+        faulthandler.dump_traceback_later(float(config.get("timeout", 60)), repeat=True, file=out)
     except Exception:  # no dump is no reason to fail the set-up (whose own steps then say what is wrong)
         return lambda: None
 
