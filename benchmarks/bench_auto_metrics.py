@@ -153,31 +153,51 @@ IN_PROCESS = (("no hooks", False, False), ("hooks, DDP not timed", True, False),
 every = [0]
 
 
-def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, float]]:
-    """(median, mean) step (s) of each :data:`IN_PROCESS` variant: the median over the blocks of each block's
-    median and mean, blocks of ``per_block`` steps interleaved. The mean also holds what the publisher thread
-    does on the same core (a batch of records every 0.25 s), which the median leaves out."""
+class Encoded:
+    """What a rank's channel does to a message (encodes it), without a kernel to send it to."""
+
+    def publish(self, message: object) -> None:
+        from jdist.codec import encode_data
+
+        encode_data(message)
+
+
+def one_rank_group() -> None:
+    """A one-rank gloo default group on a free loopback port (what :func:`in_process` and :func:`opcodes` train in)."""
     import socket
 
-    import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from jdist.codec import encode_data
-    from jdist.rank import auto_metrics
-    from jdist.rank.session import Publisher, local_session
-
-    class Encoded:  # what a rank's channel does, without a kernel to send to
-        def publish(self, message: object) -> None:
-            encode_data(message)
-
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-    torch.set_num_threads(1)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def one_ms_model() -> Any:
+    """The ~1 ms model (a 3-layer MLP of width 64) in DDP, seeded; its batch is ``torch.randn(32, 64)``."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    return DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+
+
+def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, float]]:
+    """(median, mean) step (s) of each :data:`IN_PROCESS` variant: the median over the blocks of each block's
+    median and mean, blocks of ``per_block`` steps interleaved. The mean also holds what the publisher thread
+    does on the same core (a batch of records every 0.25 s), which the median leaves out."""
+    import torch
+    import torch.distributed as dist
+
+    from jdist.rank import auto_metrics
+    from jdist.rank.session import Publisher, local_session
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    one_rank_group()
     x, y = torch.randn(32, 64), torch.randn(32, 1)
     every[0] = 0
     medians: dict[str, list[float]] = {label: [] for label, _, _ in IN_PROCESS}
@@ -192,9 +212,7 @@ def in_process(blocks: int, per_block: int = 300) -> dict[str, tuple[float, floa
             real = auto_metrics.AutoSteps.time_by_reducer
             if not timed:  # the split: the DDP built now is not timed (its reducer keeps no statistics)
                 auto_metrics.AutoSteps.time_by_reducer = lambda *args, **kwargs: None
-            torch.manual_seed(0)
-            model = DistributedDataParallel(torch.nn.Sequential(
-                torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+            model = one_ms_model()
             auto_metrics.AutoSteps.time_by_reducer = real
             loops[label] = (auto, timed, model, torch.optim.SGD(model.parameters(), lr=0.01))
         for _ in range(blocks):
@@ -279,24 +297,13 @@ dist.destroy_process_group()
 def opcodes(steps: int = 200) -> dict[str, float]:
     """Python opcodes per step of the in-process ~1 ms loop, by function (``file:name``), automatic metrics on
     (the DDP timed by its reducer, read every 10th step) less off; the key ``""`` holds the total without hooks."""
-    import socket
-
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from jdist.codec import encode_data
     from jdist.rank import auto_metrics
     from jdist.rank.session import local_session
 
-    class Encoded:
-        def publish(self, message: object) -> None:
-            encode_data(message)
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    one_rank_group()
     x, y = torch.randn(32, 64), torch.randn(32, 1)
     root = str(Path(auto_metrics.__file__).parents[2]) + os.sep
     read_every = auto_metrics.READ_EVERY_S
@@ -320,10 +327,7 @@ def opcodes(steps: int = 200) -> dict[str, float]:
         with local_session(channel=Encoded()) as s:
             if auto:
                 auto_metrics.enable(s)
-            torch.manual_seed(0)
-            model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                                                torch.nn.Linear(64, 1)))
+            model = one_ms_model()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for i in range(50 + steps):
                 if i == 50:
