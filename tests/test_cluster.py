@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import sigint_in_a_destructor, wait_for
 from ipyparallel import interactive
 
 from jdist.common.procs import mpi_shm_segments
@@ -309,6 +309,25 @@ def test_a_set_up_that_does_not_end_names_where_each_rank_waits(monkeypatch, tmp
     assert text.count("in mpi_world") == 2 and text.count("in slow_gethostname") == 1, text  # rank 0 waits in MPI
     assert text.index("Rank 1 (") < text.index("in slow_gethostname"), text
     assert "kernelbase.py" not in text, text  # the set-up's frames, not the engine's around them
+    assert not c.running and c.work_dir is None
+
+
+@pytest.mark.cluster
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt
+def test_a_ctrl_c_that_python_dropped_during_the_set_up_stops_the_start(monkeypatch):
+    """A SIGINT whose KeyboardInterrupt Python drops (it lands in a destructor, as in pyzmq's Frame.__dealloc__
+    while the start polls) still stops the start at its next look, which ends what it started; before, the
+    start went on to the end (or to --timeout + 60 s for a set-up that does not end)."""
+    real = ClusterSession._setup_ranks
+
+    def dropped_first(self, check):
+        sigint_in_a_destructor()
+        return real(self, check)
+
+    monkeypatch.setattr(ClusterSession, "_setup_ranks", dropped_first)
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    with pytest.raises(KeyboardInterrupt):
+        c.start()
     assert not c.running and c.work_dir is None
 
 

@@ -42,6 +42,7 @@ from jdist.protocol import PROTOCOL_VERSION, STATE_VERSION, ClusterState, RankCa
 from . import statefile
 from .launch import RankDeath, RankLauncher, ipcontroller
 from .recoverylog import RecoveryLog
+from .supervise.sigint import SigintCount
 
 #: How often the controller pings each engine (ms). It registers an engine when it first hears its
 #: heart, so ipyparallel's default of 3000 ms kept every start waiting about 4 s longer (measured:
@@ -152,9 +153,11 @@ class ClusterSession:
             if launcher.remote:
                 self._start_reaper()
             self.client = cluster.connect_client_sync()
-            self._wait_for_engines(say, t0)
-            say(f"{n} rank(s) registered after {time.perf_counter() - t0:.1f} s; setting up {self.config.backend}...")
-            self._setup_ranks()
+            with SigintCount() as sigints:  # a Ctrl-C that Python drops in a destructor is raised again
+                self._wait_for_engines(say, t0, sigints.check)
+                say(f"{n} rank(s) registered after {time.perf_counter() - t0:.1f} s; "
+                    f"setting up {self.config.backend}...")
+                self._setup_ranks(sigints.check)
         except BaseException:
             self.stop()
             raise
@@ -192,12 +195,14 @@ class ClusterSession:
         pids = [self.ipp.controller.process.pid, *self.launcher.processes()]
         reaper.write_plan(self._reaper_plan, os.getpid(), pids, self.launcher.cleanup_commands())
 
-    def _wait_for_engines(self, say: Callable[[str], None], t0: float) -> None:
+    def _wait_for_engines(self, say: Callable[[str], None], t0: float, check: Callable[[], None]) -> None:
+        """Until every rank registered; ``check`` at each look raises a Ctrl-C that Python dropped."""
         launcher, n = self.launcher, self.config.n
         assert launcher is not None
         seen = [-1]
 
         def registered() -> bool:
+            check()
             have = len(self.client.ids)
             if have < n and have != seen[0]:
                 say(f"  {have}/{n} ranks registered ({time.perf_counter() - t0:.1f} s)")
@@ -214,7 +219,9 @@ class ClusterSession:
                 "Try fewer ranks (-n), or a longer --start-timeout."
             )
 
-    def _setup_ranks(self) -> None:
+    def _setup_ranks(self, check: Callable[[], None]) -> None:
+        """Every rank's set-up (:func:`jdist.rank.bootstrap.setup`); ``check`` at each look raises a Ctrl-C that
+        Python dropped."""
         import ipyparallel as ipp
 
         from jdist.common.procs import identity
@@ -236,8 +243,9 @@ class ClusterSession:
         )
         ar = view.apply_async(RankCall("setup"), cfg)
         wait = self.config.timeout + SETUP_SLACK_S
+        poll_until(lambda: check() or ar.ready(), wait)
         try:
-            infos = ar.get(timeout=wait)
+            infos = ar.get(timeout=0)
         except ipp.error.TimeoutError as exc:
             raise ClusterError(*self._setup_timed_out(len(engines) - ar.progress, len(engines), wait)) from exc
         except Exception as exc:
