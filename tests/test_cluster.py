@@ -281,8 +281,8 @@ def test_a_rank_that_ends_before_mpi_init_fails_the_start_at_once_with_its_outpu
 def test_a_set_up_that_does_not_end_names_where_each_rank_waits(monkeypatch, tmp_path):
     """Rank 1 stalls in its set-up (its host name lookup in mpi_world sleeps), so rank 0 waits for it in
     MPI's allgather: the start fails when --timeout and the slack have passed, with where each rank
-    was at its newest stack dump (one every --timeout s), instead of ipyparallel's "Result not ready." (seen once in a clean
-    clone's test run, with no clue where)."""
+    was at its newest stack dump (one every --timeout s), instead of ipyparallel's "Result not ready."
+    (seen once in a clean clone's test run, with no clue where)."""
     import jdist.kernel.cluster as cluster_module
 
     (tmp_path / "sitecustomize.py").write_text(

@@ -150,8 +150,9 @@ def test_a_failing_worker_is_a_rank_error_and_the_run_failed(local_ray):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped interrupt
 def test_an_interrupt_aborts_the_run_whose_workers_stream_live(local_ray, monkeypatch):
     """The run streams while it trains (both workers' records and reports on the sinks before the
-    interrupt), and an interrupt aborts it, even one that Python dropped where it landed (a destructor). The whole successful run (reports per worker at their
-    steps, the checkpoint in Ray's result, the run log) is notebooks/12-ray-train.ipynb's, run by make test."""
+    interrupt), and an interrupt aborts it, even one that Python dropped where it landed (a destructor).
+    The whole successful run (reports per worker at their steps, the checkpoint in Ray's result, the run
+    log) is notebooks/12-ray-train.ipynb's, run by make test."""
     import jdist
     import jdist.ray
     from jdist.metrics import read_run
