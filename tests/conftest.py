@@ -86,17 +86,15 @@ class WorkerTimes:
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         if not self.tests:
             return
+        import collections
         import json
 
-        busy: dict[str, float] = {}
-        families: dict[str, dict[str, float]] = {}
+        families: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         for nodeid, seconds in self.tests.items():
-            worker = self.worker_of[nodeid]
-            busy[worker] = busy.get(worker, 0.0) + seconds
-            per = families.setdefault(worker, {})
-            per[family(nodeid)] = per.get(family(nodeid), 0.0) + seconds
+            families[self.worker_of[nodeid]][family(nodeid)] += seconds
+        busy = {worker: sum(fam.values()) for worker, fam in families.items()}
         for worker in sorted(busy):
-            top = sorted(families[worker].items(), key=lambda kv: -kv[1])[:4]
+            top = families[worker].most_common(4)
             terminalreporter.write_line(f"{worker}: busy {busy[worker]:.0f} s; longest families: "
                                         + ", ".join(f"{name} {t:.0f} s" for name, t in top))
         out = config.rootpath / "build" / "pytest-durations.json"
