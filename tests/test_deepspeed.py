@@ -91,6 +91,16 @@ def test_settings_deepspeed_cannot_run_are_one_line_and_keep_the_cluster(ds, lin
     assert ds.run("%%distributed\nprint(world_size)").stdout.strip() == "2"
 
 
+def test_the_ranks_import_deepspeed_without_its_autotuners_mlflow_and_mlflow_stays_importable(ds):
+    # jdist.rank.backends.deepspeed.import_deepspeed: DeepSpeed's autotuner imports MLflow when it is installed
+    # (2.5 s of every rank's start); a cell can still import it (no None left in sys.modules)
+    ds.run("%%distributed\nimport importlib.util, sys, deepspeed.autotuning.autotuner as tuner\n"
+           "state = (tuner.has_mlflow, 'mlflow' in sys.modules, importlib.util.find_spec('mlflow') is not None)")
+    from importlib.util import find_spec
+
+    assert pulled(ds, "state") == [(False, False, find_spec("mlflow") is not None)] * 2
+
+
 def test_zero_options_belong_to_deepspeed():
     from jdist.options import ClusterConfig
     from jdist.plugins import option_table
