@@ -216,16 +216,28 @@ def test_all_ranks_on_the_other_node(bed, login):
     login.run("%dist stop")
 
 
-def test_restart_and_auto_restart_with_remote_ranks(bed, login):
+def encrypted(login) -> bool:
+    """Whether the current cluster's controller gave its engines a CurveZMQ key (``--encrypt``)."""
+    profile = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")
+    info = list((Path(profile) / "security").glob("ipcontroller-jdist-*-engine.json"))
+    return bool(info) and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
+                              for p in info)
+
+
+def test_restart_and_auto_restart_with_remote_ranks_keep_the_controller_traffic_encrypted(bed, login):
     # its own cluster, not the SHARED one below: %dist restart replays every set-up cell the cluster ran
-    # (the shared one's include the debugger test's breakpoint cells), and a rank dies here
-    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30 --auto-restart\nimport os, time\nbase = 41")
+    # (the shared one's include the debugger test's breakpoint cells), and a rank dies here. --encrypt here, so
+    # that the SHARED cluster has the default (and a restart is seen to keep the encryption)
+    login.run("%%distributed --hosts node1:1,node2:1 --timeout 30 --auto-restart --encrypt\nimport os, time\n"
+              "import torch.distributed as dist\ndist.barrier()\nbase = 41")
     login.run("%dist pull base")
     assert login.value("base") == [41, 41]
+    assert encrypted(login)
     login.run("%dist restart")  # replays the set-up cell on new ranks, on both hosts again
     login.run("%dist pull base\nfrom jdist.kernel import cluster as _c\n"
               "hosts = [r['host'] for r in _c.current().ranks]")
     assert login.value("base") == [41, 41] and login.value("hosts") == ["node1", "node2"]
+    assert encrypted(login)
     login.run("%%distributed\npid = os.getpid()")
     login.run("%dist pull pid")
     remote_pid = login.value("pid")[1]
@@ -243,19 +255,6 @@ def test_restart_and_auto_restart_with_remote_ranks(bed, login):
     wait_for(lambda: not engines_on(bed, "node2") and not engines_on(bed, "node1"), timeout=15,
              what="no engine left on either node")
     print(f"\n--hosts 2 nodes x 1 rank: stop {stop_s:.2f} s")
-
-
-def test_encrypted_controller_traffic(bed, login):
-    login.run("%%distributed --hosts node1:1,node2:1 --encrypt --timeout 30\nimport torch.distributed as dist\n"
-              "dist.barrier()\nhost = __import__('socket').gethostname()")
-    login.run("%dist pull host")
-    assert login.value("host") == ["node1", "node2"]
-    profile = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().ipp.profile_dir")
-    security = Path(profile) / "security"
-    info = [p for p in security.glob("ipcontroller-jdist-*-engine.json")]
-    assert info and all("curve_serverkey" in p.read_text() and '"curve_serverkey": null' not in p.read_text()
-                        for p in info), [p.read_text() for p in info]
-    login.run("%dist stop")
 
 
 def test_the_bed_names_each_node_on_127_0_1_1_like_debian(bed):
