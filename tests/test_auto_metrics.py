@@ -215,6 +215,37 @@ def assert_step_records(records: list[dict], losses: dict[tuple[int, int], float
 
 # -- in this process ------------------------------------------------------------------------------------
 
+def test_the_reads_sampling_holds_through_the_steps_jitter_and_follows_a_real_change():
+    # DDP's reducer times every n-th iteration: each change of n shifts which ones, and the read after it finds
+    # nothing. Steps alternating 1.2 and 1.5 ms (n = 8 or 6 from one interval alone) keep one n.
+    import time
+
+    from jdist.rank.auto_metrics import AutoSteps, _Reduced
+    from jdist.rank.session import local_session
+
+    class Reducer:  # what _pace calls on a DistributedDataParallel
+        def __init__(self) -> None:
+            self.rates: list[int] = []
+
+        def _set_ddp_runtime_logging_sample_rate(self, n: int) -> None:
+            self.rates.append(n)
+
+    ddp = Reducer()
+    with local_session() as s:
+        steps, r = AutoSteps(s), _Reduced(ddp)
+
+        def reads(per_steps: list[float]) -> None:
+            for per_step in per_steps:
+                steps.steps += r.every
+                r.read_at = time.perf_counter() - per_step * (steps.steps - r.read_step)  # (as if that long ago)
+                steps._pace(r, ddp, steps.steps, now=False)
+
+        reads([0.0012, 0.0015] * 20)
+        assert ddp.rates == [8], ddp.rates
+        reads([0.004] * 12)  # 4 ms steps: every 2nd (READ_EVERY_S 10 ms)
+        assert ddp.rates[-1] == 2 and len(ddp.rates) <= 4, ddp.rates
+
+
 def test_accumulation_is_one_step_a_scaled_loss_is_unscaled_and_an_explicit_log_wins():
     import torch
 

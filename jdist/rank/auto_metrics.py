@@ -83,7 +83,7 @@ READ_EVERY_MAX = 10  # (at least two timed steps in the panels' 20 recent ones)
 class _Reduced:
     """A DDP whose all-reduce its reducer times (:meth:`AutoSteps.time_by_reducer`)."""
 
-    __slots__ = ("ref", "end", "timed", "used", "every", "next_read", "read_at", "read_step")
+    __slots__ = ("ref", "end", "timed", "used", "every", "next_read", "read_at", "read_step", "per_step")
 
     def __init__(self, ddp: Any) -> None:
         self.ref = weakref.ref(ddp)
@@ -94,6 +94,7 @@ class _Reduced:
         self.next_read = 0  # the step (AutoSteps.steps) at which it holds a new one
         self.read_at: float | None = None  # (perf_counter, step) of the last read that found one
         self.read_step = 0
+        self.per_step: float | None = None  # seconds a step, smoothed over the reads
 
 
 class AutoSteps:
@@ -160,9 +161,8 @@ class AutoSteps:
 
     def missing(self, step: int) -> bool:
         """Whether a DDP that ran in ``step`` has no interval read for it."""
-        for r in self.reduced:  # (a loop, not any(): every step calls it)
-            used, timed = r.used, r.timed
-            if (step == used[0] or step == used[1]) and step != timed[0] and step != timed[1]:
+        for r in self.reduced:  # (a loop, not any(), and `in` on the pairs: every step calls it)
+            if step in r.used and step not in r.timed:
                 return True
         return False
 
@@ -223,7 +223,11 @@ class AutoSteps:
             every = 1
         elif r.read_at is not None and self.steps > r.read_step:
             per_step = (t - r.read_at) / (self.steps - r.read_step)
-            every = max(1, min(READ_EVERY_MAX, int(READ_EVERY_S / per_step))) if per_step > 0 else 1
+            r.per_step = per_step if r.per_step is None else 0.75 * r.per_step + 0.25 * per_step  # (smoothed)
+            ideal = max(1, min(READ_EVERY_MAX, int(READ_EVERY_S / r.per_step))) if r.per_step > 0 else 1
+            # changed only by a quarter or more: each change shifts the iterations the reducer times, so that the
+            # next read finds nothing and the step after it reads again (with the steps' jitter, a read in five)
+            every = ideal if ideal >= 1.25 * r.every or ideal * 1.25 <= r.every else r.every
         else:
             every = r.every
         if every != r.every:
@@ -245,31 +249,34 @@ class AutoSteps:
             return
         if self.comm_starts:  # (a backward outside torch.autograd.backward: torch.autograd.grad)
             self.comm_ended()
-        self.steps += 1
+        self.steps = step = self.steps + 1
         s = self.session
         timer = s.timer
         late: list[tuple[float, float]] = []  # the held step's
         late_complete = own_complete = True
-        if self.reduced and not self.explicit:
-            if self.steps < self.next_read:  # no DDP has a new interval yet: nothing to read (most short steps)
-                late_complete = not self.missing(self.steps - 1)
-            else:  # what the DDPs noted at this step's forwards
-                late, own, late_complete = self._reduced(now=False)
+        explicit = self.explicit
+        if self.reduced:
+            if not explicit:
+                if step < self.next_read:  # no DDP has a new interval yet: nothing to read (most short steps)
+                    late_complete = not self.missing(step - 1)
+                else:  # what the DDPs noted at this step's forwards
+                    late, own, late_complete = self._reduced(now=False)
+                    for start, end in own:
+                        timer.record(start, end)
+            if explicit or self.backwards > 1:  # this step's own, for its record or jdist.log
+                _, own, _ = self._reduced(now=True)
                 for start, end in own:
                     timer.record(start, end)
-        if self.reduced and (self.explicit or self.backwards > 1):  # this step's own, for its record or jdist.log
-            _, own, _ = self._reduced(now=True)
-            for start, end in own:
-                timer.record(start, end)
-            own_complete = not self.missing(self.steps)
+                own_complete = not self.missing(step)
         now = time.perf_counter()
         roots, self.roots, self.backwards = self.roots, [], 0
-        if self.explicit:
+        if explicit:
             return
         rec = {"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()}
         if not own_complete:
             rec["comm_time_s"] = UNSAMPLED
-        entry = (rec, now, timer.take_intervals(), timer.take_events(), s.train.forwards, roots)
+        intervals, events = timer.take_all()
+        entry = (rec, now, intervals, events, s.train.forwards, roots)
         self.count += 1
         held, self.held = self.held, entry
         if held is not None:
@@ -305,7 +312,11 @@ class AutoSteps:
             intervals = (intervals or []) + late
         if not complete:
             rec["comm_time_s"] = UNSAMPLED
-        self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
+        if roots and self.kind != "cuda":  # (loss_values' CPU case, inlined: every step)
+            deferred: list[tuple[str, Any, Any]] | None = [("loss", roots, None)]
+        else:
+            deferred = loss_values(roots, self.session)
+        self.session.add_entry(rec, now, intervals, events, forwards, deferred)
 
 
 def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:

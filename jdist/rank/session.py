@@ -173,8 +173,8 @@ class RankSession:
             auto.explicit_log()  # the cell logs itself: no automatic records (nothing doubled)
         for at_log in self._at_log:
             at_log(self, rec, now)
-        timer = self.timer
-        self.stream.add((rec, now, timer.take_intervals(), timer.take_events(), self.train.forwards, deferred))
+        intervals, events = self.timer.take_all()
+        self.stream.add((rec, now, intervals, events, self.train.forwards, deferred))
         if self.log_hooks:
             for hook in list(self.log_hooks.values()):
                 hook(rec)
@@ -182,10 +182,12 @@ class RankSession:
     def add_entry(self, rec: Record, now: float, intervals: Any, events: Any, forwards: int, deferred: Any) -> None:
         """Queue an automatic step record (:mod:`jdist.rank.auto_metrics`) measured at ``now``: its sequence
         number, the sources' ``at_log``; not the log hooks (automatic checkpoints follow ``jdist.log``)."""
-        rec["seq"] = self.stream.seq
+        stream = self.stream
+        rec["seq"] = stream.seq
         for at_log in self._at_log:
             at_log(self, rec, now)
-        self.stream.add((rec, now, intervals, events, forwards, deferred))
+        stream.seq += 1  # (stream.add, inlined: every step)
+        stream.pending.append((rec, now, intervals, events, forwards, deferred))
 
     def prepared(self) -> None:
         """``jdist.prepare`` ran: the sources that count what was prepared recount."""

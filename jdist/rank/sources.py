@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .backends.base import StateBytes, merged_seconds
@@ -62,19 +63,19 @@ def ready(entries: Sequence[Entry], final: bool) -> int:
     (:data:`ON_DEVICE`) are first copied to the host, all of them at once (:func:`copy_to_host`)."""
     copy_to_host(entries)
     for i, entry in enumerate(entries):
-        for event in _events_of(entry):
-            if not event.query():
-                if not final:
-                    return i
-                event.synchronize()
+        pairs, deferred = entry[EVENTS], entry[DEFERRED]
+        events = [end for _, end in pairs] if pairs else None
+        if deferred:  # (a loop: every record of a CPU rank has its loss here, with no event)
+            for _, _, event in deferred:
+                if event is not None:
+                    events = [event] if events is None else [*events, event]
+        if events:
+            for event in events:
+                if not event.query():
+                    if not final:
+                        return i
+                    event.synchronize()
     return len(entries)
-
-
-def _events_of(entry: Entry) -> list[Any]:
-    events = [end for _, end in entry[EVENTS]] if entry[EVENTS] else []
-    if entry[DEFERRED]:
-        events.extend(event for _, _, event in entry[DEFERRED] if event is not None)
-    return events
 
 
 #: The event of a deferred value that is still a CUDA tensor on its device's default stream, kept by reference
@@ -127,8 +128,6 @@ def copy_to_host(entries: Sequence[Entry]) -> None:
         try:
             host, done = _start_copy(key[0], tensors[key])
         except Exception as exc:  # (a CUDA error): the records go out without these values, with one line
-            import sys
-
             print(f"jdist: copying {len(tensors[key])} logged CUDA value(s) to the host failed, their records have "
                   f"none: {exc!r}", file=sys.__stderr__)
             for deferred, k, _ in items:
@@ -179,6 +178,8 @@ def resolve_deferred(entries: Sequence[Entry]) -> None:
 
 def _sum_of(parts: list[tuple[Any, float]]) -> float | None:
     try:
+        if len(parts) == 1:  # (one backward a step: the usual case)
+            return parts[0][0].item() * parts[0][1]
         return sum(t.item() * factor for t, factor in parts)
     except (RuntimeError, ValueError, TypeError):  # not a plain one-element tensor (a DTensor...)
         return None
@@ -216,8 +217,7 @@ class StepTiming:
         self.t_last = 0.0
 
     def begin_cell(self, s: RankSession, now: float) -> None:
-        s.timer.take_intervals()
-        s.timer.take_events()
+        s.timer.take_all()
         self.t_last = now
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
@@ -233,8 +233,8 @@ class StepTiming:
             step_time = t - t_last
             t_last = t
             rec["step_time_s"] = step_time
-            if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed
-                del rec["comm_time_s"]
+            if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed: None, as a
+                rec["comm_time_s"] = rec["compute_time_s"] = None  # missing field is (same fields: the fast batch)
                 continue
             comm = merged_seconds(entry[COMM]) if entry[COMM] else 0.0
             if entry[EVENTS]:
