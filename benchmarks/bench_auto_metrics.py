@@ -23,6 +23,9 @@ target there is the 1 ms budget: ≤ 30 µs a step. (Until 2026-11-28 this table
 block's new ``AutoSteps`` did not know the DDP built before it, so only the reducer's statistics were paid for;
 with the reads, every step, automatic metrics cost +92 µs. They are now read on a sample of short steps.)
 
+``--reads-only`` (also run by default) counts, over 3000 steps of that loop, the reads of the DDP's statistics and
+those that found nothing new (each a wasted 30-50 µs; target: under 10%).
+
 A third table (``--comm-check-only``, also run by default) checks the communication time the records carry
 for a DDP timed by its reducer: the ~10 ms model (two buckets) under ``jdist run -n 2``, rank 0's
 ``comm_time_s`` against the union of each step's ``gloo:all_reduce`` events in torch.profiler, the same
@@ -425,6 +428,60 @@ def comm_check(work: Path) -> dict[str, float]:
     return {"jdist_us": jdist_us, "profiler_us": profiled_us}
 
 
+def reads(steps: int = 3000) -> dict[str, Any]:
+    """How often the DDP is read and how many reads find nothing new (each is a wasted 30-50 µs): the in-process
+    ~1 ms loop with automatic metrics on, ``steps`` steps, ``AutoSteps._reduced`` counted."""
+    import torch
+    import torch.distributed as dist
+
+    from jdist.rank import auto_metrics
+    from jdist.rank.session import Publisher, local_session
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    one_rank_group()
+    x, y = torch.randn(32, 64), torch.randn(32, 1)
+    counts = {"reads": 0, "empty": 0}
+    real = auto_metrics.AutoSteps._reduced
+
+    def counted(self: Any, now: bool) -> Any:
+        ends = [r.end for r in self.reduced]
+        out = real(self, now)
+        if not now:
+            counts["reads"] += 1
+            counts["empty"] += [r.end for r in self.reduced] == ends
+        return out
+
+    auto_metrics.AutoSteps._reduced = counted  # type: ignore[method-assign]
+    try:
+        with local_session(channel=Encoded()) as s:
+            publisher = Publisher(s)
+            steps_ = auto_metrics.enable(s)
+            model = one_ms_model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            every: collections.Counter[int] = collections.Counter()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                loss = (model(x) - y).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                every[steps_.reduced[0].every] += 1
+            per_step = (time.perf_counter() - t0) / steps
+            s.end_cell()
+            publisher.stop()
+            auto_metrics.disable(s)
+    finally:
+        auto_metrics.AutoSteps._reduced = real  # type: ignore[method-assign]
+        dist.destroy_process_group()
+    share = counts["empty"] / max(1, counts["reads"])
+    print(f"\nthe DDP's reads: {steps} steps of the in-process loop at {1e6 * per_step:.0f} µs, {counts['reads']} reads, "
+          f"{counts['empty']} found nothing ({100 * share:.1f}%; target < 10%: {'yes' if share < 0.1 else 'NO'}); "
+          f"steps by n (read every n-th): {dict(sorted(every.items()))}")
+    return {**counts, "per_step_us": 1e6 * per_step, "every": dict(every)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -435,6 +492,8 @@ def main() -> None:
     ap.add_argument("--comm-check-only", action="store_true",
                     help="only jdist's comm time against torch.profiler's (about 20 s)")
     ap.add_argument("--opcodes-only", action="store_true", help="only the Python opcodes the hooks add (seconds)")
+    ap.add_argument("--reads-only", action="store_true",
+                    help="only how often the DDP is read and how many reads find nothing (seconds)")
     ap.add_argument("--instructions", action="store_true",
                     help="also the training thread's instructions per step under valgrind (about 10 minutes)")
     args = ap.parse_args()
@@ -445,6 +504,9 @@ def main() -> None:
         print_opcodes()
         if args.instructions:
             instructions()
+        return
+    if args.reads_only:
+        reads()
         return
     if args.comm_check_only:
         with tempfile.TemporaryDirectory() as tmp:
@@ -492,6 +554,7 @@ def main() -> None:
     steps = print_in_process(args.blocks)
     summary["in process"] = {label: {"median_us": 1e6 * step, "mean_us": 1e6 * mean, "paired_added_us": 1e6 * paired}
                              for label, (step, mean, paired) in steps.items()}
+    summary["reads"] = reads()
     summary["opcodes"] = print_opcodes()
     if args.instructions:
         summary["instructions"] = instructions()
