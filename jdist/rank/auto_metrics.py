@@ -312,11 +312,7 @@ class AutoSteps:
             intervals = (intervals or []) + late
         if not complete:
             rec["comm_time_s"] = UNSAMPLED
-        if roots and self.kind != "cuda":  # (loss_values' CPU case, inlined: every step)
-            deferred: list[tuple[str, Any, Any]] | None = [("loss", roots, None)]
-        else:
-            deferred = loss_values(roots, self.session)
-        self.session.add_entry(rec, now, intervals, events, forwards, deferred)
+        self.session.add_entry(rec, now, intervals, events, forwards, loss_values(roots, self.session))
 
 
 def loss_values(roots: list[tuple[Any, float]], s: RankSession) -> list[tuple[str, Any, Any]] | None:

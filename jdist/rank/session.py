@@ -182,12 +182,10 @@ class RankSession:
     def add_entry(self, rec: Record, now: float, intervals: Any, events: Any, forwards: int, deferred: Any) -> None:
         """Queue an automatic step record (:mod:`jdist.rank.auto_metrics`) measured at ``now``: its sequence
         number, the sources' ``at_log``; not the log hooks (automatic checkpoints follow ``jdist.log``)."""
-        stream = self.stream
-        rec["seq"] = stream.seq
+        rec["seq"] = self.stream.seq
         for at_log in self._at_log:
             at_log(self, rec, now)
-        stream.seq += 1  # (stream.add, inlined: every step)
-        stream.pending.append((rec, now, intervals, events, forwards, deferred))
+        self.stream.add((rec, now, intervals, events, forwards, deferred))
 
     def prepared(self) -> None:
         """``jdist.prepare`` ran: the sources that count what was prepared recount."""

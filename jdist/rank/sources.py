@@ -64,17 +64,14 @@ def ready(entries: Sequence[Entry], final: bool) -> int:
     copy_to_host(entries)
     for i, entry in enumerate(entries):
         pairs, deferred = entry[EVENTS], entry[DEFERRED]
-        events = [end for _, end in pairs] if pairs else None
-        if deferred:  # (a loop: every record of a CPU rank has its loss here, with no event)
-            for _, _, event in deferred:
-                if event is not None:
-                    events = [event] if events is None else [*events, event]
-        if events:
-            for event in events:
-                if not event.query():
-                    if not final:
-                        return i
-                    event.synchronize()
+        events = [end for _, end in pairs] if pairs else []
+        if deferred:  # (every record of a CPU rank has its loss here, with no event)
+            events.extend(event for _, _, event in deferred if event is not None)
+        for event in events:
+            if not event.query():
+                if not final:
+                    return i
+                event.synchronize()
     return len(entries)
 
 

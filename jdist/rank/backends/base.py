@@ -156,16 +156,8 @@ class CommTimer:
         """
         return merged_seconds(self.take_intervals() or ())
 
-    def take_events(self) -> list[tuple[Any, Any]] | None:
-        """The CUDA event pairs recorded since the last call (None: none), unread."""
-        events = self._events
-        if not events:
-            return None
-        self._events = []
-        return events
-
     def take_all(self) -> tuple[list[tuple[float, float]] | None, list[tuple[Any, Any]] | None]:
-        """``(take_intervals(), take_events())`` in one call (every record's).
+        """The wall-clock intervals and the CUDA event pairs recorded since the last call (None: none), unread.
 
         >>> t = CommTimer(); t.record(1.0, 1.5)
         >>> t.take_all(), t.take_all()
