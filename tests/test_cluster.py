@@ -278,6 +278,34 @@ def test_a_rank_that_ends_before_mpi_init_fails_the_start_at_once_with_its_outpu
 
 
 @pytest.mark.cluster
+def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_and_output(monkeypatch, tmp_path):
+    """Rank 1's process ends in its set-up (after it registered) while rank 0 waits for it in MPI: the start fails
+    at once (before, it waited out --timeout and 60 s more: 90 s here), naming the rank, how it ended and what it
+    wrote. (In full test runs a TF restart failed with ipyparallel's "Engine 1 died" and rank 0's KeyboardInterrupt,
+    and nothing said why.)"""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, socket, sys\nif os.environ.get('PMI_RANK') == '1':\n"
+        "    lookup = socket.gethostname\n"
+        "    def gone():\n"
+        "        if sys._getframe(1).f_code.co_name == 'mpi_world':\n"
+        "            os.write(2, b'rank 1: leaving in its set-up\\n')\n"
+        "            os._exit(3)\n"
+        "        return lookup()\n"
+        "    socket.gethostname = gone\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    with pytest.raises(ClusterError) as info:
+        c.start()
+    lines = info.value.lines
+    assert lines[0] == ("Setting up backend 'ddp' on the ranks failed: a rank's process ended. What ended, and the "
+                        "ranks' output:"), lines
+    text = "\n".join(lines)
+    assert "rank 1 exited with code 3 during its set-up" in text, text
+    assert "rank 1: leaving in its set-up" in text, text
+    assert not c.running and c.work_dir is None
+
+
+@pytest.mark.cluster
 def test_a_set_up_that_does_not_end_names_where_each_rank_waits(monkeypatch, tmp_path):
     """Rank 1 stalls in its set-up (its host name lookup in mpi_world sleeps), so rank 0 waits for it in
     MPI's allgather: the start fails when --timeout and the slack have passed, with where each rank

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import shutil
@@ -68,8 +69,19 @@ SIGNAL_WAIT_S = 10.0
 SETUP_SLACK_S = 60.0
 #: The innermost frames of a rank's stack shown when its set-up did not end in time.
 SETUP_FRAMES = 12
+#: The last lines of the ranks' output shown when one of them ended during its set-up.
+SETUP_OUTPUT_LINES = 40
 #: In the cluster's private folder: the owner's PID and start time, which the controller watches.
 OWNER_FILE = "owner"
+
+
+def _engine_died(ar: Any) -> bool:
+    """Whether ipyparallel failed ``ar`` because an engine died ("Engine 1 died while running task")."""
+    try:
+        ar.get(timeout=0)
+    except Exception as exc:
+        return any(e[0] == "EngineError" for e in getattr(exc, "elist", ()))
+    return False
 
 
 class ClusterSession:
@@ -243,7 +255,13 @@ class ClusterSession:
         )
         ar = view.apply_async(RankCall("setup"), cfg)
         wait = self.config.timeout + SETUP_SLACK_S
-        poll_until(lambda: check() or ar.ready(), wait)
+        ended: list[str] = []
+        poll_until(lambda: check() or ar.ready() or self._ended_in_setup(ended), wait)
+        if not ended and ar.ready() and _engine_died(ar):
+            poll_until(lambda: self._ended_in_setup(ended), 2.0)  # its shell writes the exit status a moment later
+        if ended:  # MPI cannot go on without it: the others wait for it, or were ended, so theirs is no cause
+            raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: a rank's process "
+                               "ended. What ended, and the ranks' output:", ended[0])
         try:
             infos = ar.get(timeout=0)
         except ipp.error.TimeoutError as exc:
@@ -267,6 +285,17 @@ class ClusterSession:
         self.launcher.watch(self.ranks)
         if self.launcher.remote:
             self._write_reaper_plan()  # now with the Slurm job step
+
+    def _ended_in_setup(self, ended: list[str]) -> bool:
+        """Whether a rank's process (or the engine launcher) ended during the set-up; what ended, with the ranks'
+        output, is appended to ``ended``."""
+        assert self.launcher is not None
+        text = self.launcher.exited_early("during its set-up")
+        if text:  # what ended first, then the output's last lines (much of it is ipyparallel's own log)
+            lines = text.splitlines()
+            head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
+            ended.append("\n".join(head + lines[len(head):][-SETUP_OUTPUT_LINES:]))
+        return bool(text)
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:
         """The lines of the error when set-up did not end in time: how many ranks, and where each waited

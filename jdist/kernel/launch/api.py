@@ -145,8 +145,9 @@ class RankLauncher(ABC):
                    for el in self.engine_launchers())
 
     @abstractmethod
-    def exited_early(self) -> str | None:
-        """The output of an engine launcher that ended before every rank registered, else None."""
+    def exited_early(self, when: str = "before it registered") -> str | None:
+        """What ended (ranks ``when``, an engine launcher) with the launch's output; None while nothing did.
+        Polled while the ranks register, and asked once more if a rank's process ends during its set-up."""
 
     # -- while the ranks run ----------------------------------------------------------------
     def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:

@@ -54,7 +54,7 @@ RANK_WRAPPER = engine_shell(
 
 
 def _ended(code: int | None) -> str:
-    """How a rank ended before it registered, from its exit status.
+    """How a rank ended, from its exit status.
 
     >>> _ended(3), _ended(137)
     ('exited with code 3', 'was killed by SIGKILL (kill -9, or the out-of-memory killer)')
@@ -181,7 +181,7 @@ class LocalMPILauncher(RankLauncher):
         """The processes of the MPI job noted so far (:meth:`note_job`)."""
         return list(self._job.values())
 
-    def exited_early(self) -> str | None:
+    def exited_early(self, when: str = "before it registered") -> str | None:
         now = time.monotonic()
         if now - self._noted_at >= 0.25:  # while the ranks start: the processes to end if the start fails
             self._noted_at = now
@@ -189,7 +189,7 @@ class LocalMPILauncher(RankLauncher):
         exits = self._rank_exits()
         if not exits and not self.engine_launcher_ended():
             return None  # a rank that ended before MPI_Init leaves mpiexec waiting on the others
-        ended = "".join(f"rank {rank} {_ended(code)} before it registered\n" for rank, code in sorted(exits.items()))
+        ended = "".join(f"rank {rank} {_ended(code)} {when}\n" for rank, code in sorted(exits.items()))
         if self.engine_launcher_ended():
             ended += f"{self.program} exited\n"
         try:

@@ -248,7 +248,7 @@ class RemoteMPILauncher(RankLauncher):
                     pass
         return out.decode("utf-8", "replace")
 
-    def exited_early(self) -> str | None:
+    def exited_early(self, when: str = "before it registered") -> str | None:
         if not self.engine_launcher_ended():
             return None
         poll_until(lambda: self.output().strip(), 1.0)  # ipyparallel writes what it printed last a moment later
