@@ -336,12 +336,19 @@ def test_clusters_watch_and_stop_from_another_terminal(work, monkeypatch):
         assert model["current_run"] == runs[0]["run_id"] and runs[0]["status"] == "running"
         watch = subprocess.Popen([*JDIST, "watch", "--no-live", "--every", "0.2"], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)  # let the watcher print a few lines while the run goes on
+        lines: list[str] = []
+
+        def a_status_line() -> bool:  # the watcher follows the run while it goes on (it flushes each line)
+            if select.select([watch.stdout], [], [], 0.1)[0]:
+                lines.append(watch.stdout.readline())
+            return any(line.startswith("[jdist] step ") for line in lines)
+
+        wait_for(a_status_line, timeout=60, what="a status line of jdist watch")
         stopped = jdist("stop", cluster["cluster_id"][:12])
         assert stopped.returncode == 0 and f"Stopped {cluster['cluster_id']}" in stopped.stdout, stopped.stderr
         assert run.wait(30) == 128 + signal.SIGTERM
         out, _ = watch.communicate(timeout=30)
-        assert watch.returncode == 1 and "[jdist] step " in out and "interrupted" in out
+        assert watch.returncode == 1 and "interrupted" in out, "".join(lines) + out
         (path,) = list_runs(work / "runs")
         done = read_run(path)
         assert done.status == "interrupted" and done.error == "terminated by SIGTERM"
