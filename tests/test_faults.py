@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from conftest import strip_ansi
 
 SETUP = (
     "%%distributed\n"
@@ -210,15 +211,19 @@ def test_a_dead_rank_is_named_and_auto_restart_restores_the_checkpoint(faults, t
                "_s.channel.publish = lambda m: None if m['kind'] == 'checkpoint_every' else _send(m)\n"
                "jdist.checkpoint_every(5, ckpt_dir, keep=2, model=model, optimizer=opt)\n"
                "_s.channel.publish = _send")
-    # rank 1 ends at step 12 (os._exit, as a library aborting would); checkpoints exist for 5 and 10
+    # rank 1 aborts at step 12, as a C++ library would (no core file); checkpoints exist for 5 and 10
     out = faults.run(
-        "%%distributed --auto-restart\nfor step in range(1, 1000):\n"
+        "%%distributed --auto-restart\nimport resource\nfor step in range(1, 1000):\n"
         f"    {STEP}\n    jdist.log(step=step, loss=loss.item())\n"
-        "    if step == 12 and rank == 1:\n        os._exit(3)\n    time.sleep(0.02)",
+        "    if step == 12 and rank == 1:\n        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+        "        os.abort()\n    time.sleep(0.02)",
         allow_error=True, timeout=200,
     )
     tb = out.traceback
-    assert "rank 1 died: the process exited with code 3" in tb, tb
+    assert "rank 1 died: killed by SIGABRT (Aborted)" in tb, tb
+    # where it crashed: its faulthandler report, from the rank's crash file (an exit code alone: test_deepspeed.py)
+    assert "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:\n  cell line 7, in <module>\n" \
+        in strip_ansi(tb), tb
     assert "Restarted 2 rank(s)" in tb and "set-up cell(s); restored" in tb and "(step 10) into model, opt" in tb, tb
     out = faults.run("%%distributed\nprint(jdist.restored_step(), kept)\nw = model.module.weight.detach().clone()")
     assert out.stdout.strip() == "10 100"

@@ -243,9 +243,12 @@ def test_restart_and_auto_restart_with_remote_ranks_keep_the_controller_traffic_
     remote_pid = login.value("pid")[1]
     msg = login.start("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)")
     login.wait_for_stdout(msg, "sleeping", timeout=30)
-    bed.run("node2", ["kill", "-9", str(remote_pid)])
+    bed.run("node2", ["kill", "-SEGV", str(remote_pid)])  # as a crash in C would: its stack comes over ssh
     out = login.collect(msg, timeout=120)
-    assert "restarting (--auto-restart)" in strip_ansi(out.stdout + out.stderr), out.shown
+    shown = strip_ansi(out.stdout + out.stderr + out.shown)
+    assert "rank 1 died: killed by SIGSEGV" in shown and "restarting (--auto-restart)" in shown, shown
+    assert "Rank 1 crashed (Fatal Python error: Segmentation fault) here, innermost call last:\n" \
+           "  cell line 2, in <module>" in shown, shown
     login.run("%dist pull base")
     assert login.value("base") == [41, 41]
     # a healthy --hosts cluster's %dist stop ends the ranks on both nodes (the remote one over ssh)

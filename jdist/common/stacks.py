@@ -277,11 +277,66 @@ def summary(frames: Sequence[Frame], backward_waits: bool = False,
     return IDLE
 
 
-def format_stack(frames: Sequence[Frame]) -> str:
-    """The frames as a traceback-like text, outermost first.
+#: The file in the cluster's folder where a rank on the kernel's host writes its crash report (faulthandler's,
+#: on SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL); ranks on other hosts write it to their stderr.
+CRASH_FILE = "rank-{rank}.crash"
+_FATAL = "Fatal Python error: "
+
+
+def parse_crash(text: str) -> tuple[str, list[Frame]] | None:
+    """The last crash report faulthandler wrote into ``text``: what it was and the crashing thread's frames,
+    innermost first; None if there is none.
+
+    >>> report = ('noise\\nFatal Python error: Segmentation fault\\n\\nStack (most recent call first):\\n'
+    ...           '  File "/v/ctypes/__init__.py", line 519 in string_at\\n'
+    ...           '  File "/tmp/ipykernel_7/2.py", line 3 in crash\\n\\nExtension modules: torch._C (total: 1)\\n')
+    >>> parse_crash(report)
+    ('Segmentation fault', [('/v/ctypes/__init__.py', 519, 'string_at'), ('/tmp/ipykernel_7/2.py', 3, 'crash')])
+    >>> parse_crash("Segmentation fault (core dumped)") is None
+    True
+    """
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_FATAL)]
+    if not starts:
+        return None
+    frames: list[Frame] = []
+    inside = False
+    for line in lines[starts[-1] + 1:]:
+        if line.startswith(("Stack (most recent call first)", "Current thread 0x")):
+            inside = True
+            continue
+        m = _FRAME_LINE.match(line)
+        if inside and m:
+            frames.append((m.group(1), int(m.group(2)), m.group(3)))
+        elif frames:  # the crashing thread's stack has ended
+            break
+    return lines[starts[-1]][len(_FATAL):].strip(), frames
+
+
+def user_frames(frames: Sequence[Frame], most: int = 12) -> list[Frame]:
+    """The frames from a cell's (or ``%run`` script's) outermost frame in, without IPython's and the engine's
+    around them; else the innermost ``most``.
+
+    >>> user_frames([("/v/ctypes/__init__.py", 519, "string_at"), ("/tmp/ipykernel_7/2.py", 3, "crash"),
+    ...              ("/tmp/ipykernel_7/2.py", 5, "<module>"), ("/v/IPython/core/interactiveshell.py", 3577, "run_code")])
+    [('/v/ctypes/__init__.py', 519, 'string_at'), ('/tmp/ipykernel_7/2.py', 3, 'crash'), ('/tmp/ipykernel_7/2.py', 5, '<module>')]
+    """
+    for i, (path, _, func) in enumerate(frames):
+        if func == "execfile" and "IPython" in path and i > 0:  # the script of a %run (jdist run)
+            return list(frames[:i])
+    cells = [i for i, (path, _, _) in enumerate(frames) if _CELL_FILE.search(path)]
+    return list(frames[:cells[-1] + 1]) if cells else list(frames[:most])
+
+
+def format_stack(frames: Sequence[Frame], cells: bool = False) -> str:
+    """The frames as a traceback-like text, outermost first; ``cells``: a cell's frames as ``cell line N`` (on
+    the rank its file is IPython's, a name the user never saw).
 
     >>> print(format_stack([("b.py", 2, "inner"), ("a.py", 1, "<module>")]))
       File "a.py", line 1, in <module>
       File "b.py", line 2, in inner
+    >>> print(format_stack([("/tmp/ipykernel_7/2.py", 3, "<module>")], cells=True))
+      cell line 3, in <module>
     """
-    return "\n".join(f'  File "{path}", line {line}, in {func}' for path, line, func in reversed(frames))
+    return "\n".join(f"  cell line {line}, in {func}" if cells and _CELL_FILE.search(path)
+                     else f'  File "{path}", line {line}, in {func}' for path, line, func in reversed(frames))

@@ -6,6 +6,10 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
   on ``SIGUSR1``. It runs in the C signal handler, so it works while the rank is blocked
   inside a C++ collective, even with the GIL held; the kernel reads the file (``%dist stacks``,
   the stacks of ranks that would not stop).
+* **Crashes.** A rank that crashes (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: a C extension's fault)
+  writes the crashing thread's Python stack first (faulthandler): to ``rank-<r>.crash`` in the cluster's
+  folder, or, on another host, to its stderr, which its launcher collects. The kernel shows it with the
+  rank's death.
 * **Samples.** On ``SIGUSR2`` the guard's thread writes a :class:`jdist.common.stacks.Sample`: the
   main thread's frames (read under the GIL, which a collective releases) and the rank's
   progress counters (process CPU time, the collectives its process group has started). The
@@ -44,6 +48,7 @@ from typing import IO, Any, Callable
 from jdist.common.procs import open_files
 from jdist.common.stacks import (
     COLLECTIVE_PATHS,
+    CRASH_FILE,
     SAMPLE_SIGNAL,
     STACKS_SIGNAL,
     Frame,
@@ -61,6 +66,7 @@ class Guard:
         self.backward_waits = backward_waits
         self.collective_paths = collective_paths
         self.stacks_file: IO[str] | None = None
+        self.crash_file: IO[str] | None = None
         self.sample_path: Path | None = None
         self.report: Callable[[str], None] | None = None  # where samples go instead of sample_path
         #: Called from the guard's thread on SIGTERM (also while the main thread is blocked in C++).
@@ -94,7 +100,26 @@ class Guard:
             self.stacks_file = os.fdopen(fd, "a")
             faulthandler.register(STACKS_SIGNAL, file=self.stacks_file, all_threads=True, chain=False)
             self.sample_path = Path(stacks_dir) / f"rank-{rank}.sample"
+        self._enable_crash_reports(rank, stacks_dir)
         _watch_signals()
+
+    def _enable_crash_reports(self, rank: int, stacks_dir: str | None) -> None:
+        """On a fatal signal, faulthandler writes the crashing thread's stack (then the signal ends the process as
+        before): to the rank's crash file, or to the process's own stderr. (An engine's ``sys.stderr`` forwards fd 2
+        through a pipe that a thread of the process reads, which dies with it; its ``fileno()`` is the original.)"""
+        if stacks_dir:
+            fd = os.open(Path(stacks_dir) / CRASH_FILE.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            old, self.crash_file = self.crash_file, os.fdopen(fd, "a")
+            faulthandler.enable(file=self.crash_file, all_threads=False)
+            if old is not None:
+                old.close()
+            return
+        for stream in (sys.stderr, sys.__stderr__):
+            try:
+                faulthandler.enable(file=stream.fileno(), all_threads=False)
+                return
+            except (AttributeError, OSError, ValueError):  # no stream, or no file behind it
+                continue
 
     def note_group_sockets(self, before: dict[int, str], more: bool = False) -> None:
         """Remember the sockets a new process group opened (``before``: :func:`socket_fds` before it): the

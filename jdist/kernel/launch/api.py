@@ -37,12 +37,14 @@ from jdist.protocol import NetworkPlan, RankInfo
 @dataclass(frozen=True)
 class RankDeath:
     """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), what the
-    launcher printed (its last lines) and the process's exit status (128+N: signal N; None: unknown)."""
+    launcher printed (its last lines), the process's exit status (128+N: signal N; None: unknown)
+    and the text holding its crash report, if it crashed (:func:`jdist.common.stacks.parse_crash`)."""
 
     rank: int | None
     cause: str
     detail: str = ""
     exit_code: int | None = None
+    crash: str = ""
 
 
 class RankLauncher(ABC):

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
-from jdist.common.stacks import SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
+from jdist.common.stacks import CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
 from jdist.common.waiting import poll_until
 from jdist.plugins import backend_spec
 from jdist.protocol import ProcessIdentity, RankInfo
@@ -255,7 +255,11 @@ class LocalMPILauncher(RankLauncher):
             code = None
         oom_now = oom_kills()
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
-        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code)
+        try:  # written by the rank's faulthandler if it crashed (jdist.rank.guard)
+            crash = (self.work_dir / CRASH_FILE.format(rank=first)).read_text(errors="replace")
+        except OSError:
+            crash = ""
+        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash)
 
     def _end_survivors(self) -> None:
         """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""

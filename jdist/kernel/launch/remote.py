@@ -313,7 +313,7 @@ class RemoteMPILauncher(RankLauncher):
         if host:
             cause += f" on host {host}"
         text = self.output().strip()
-        return RankDeath(first, cause, text[-2000:], code)
+        return RankDeath(first, cause, text[-2000:], code, crash=text)  # ranks here write crash reports to stderr
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""

@@ -264,7 +264,7 @@ class KubernetesLauncher(RemoteMPILauncher):
         tail = self.jobs.log_tail(state.name)
         # hydra places ranks in the order of -hosts: pod i holds ranks i*k .. i*k+k-1 (k ranks per pod)
         return RankDeath(index * self.spec.ranks_per_pod, state.failed or out.cause,
-                         (tail + "\n" + out.detail).strip()[-2000:], None)
+                         (tail + "\n" + out.detail).strip()[-2000:], None, crash=out.crash + "\n" + tail)
 
     def cleanup_commands(self) -> list[list[str]]:
         """What the reaper runs if the kernel dies: delete the job (the heartbeat pod would, a minute later)."""
