@@ -31,14 +31,14 @@ pytestmark = pytest.mark.cluster
 
 JDIST = [sys.executable, "-m", "jdist"]
 
-TRAIN = """import argparse, os, sys, time
+TRAIN = """import argparse, os, resource, sys, time
 import torch, torch.distributed as dist
 import jdist
 p = argparse.ArgumentParser(description="a torchrun-style training script")
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--fail-at", type=int, default=-1)
-p.add_argument("--kill-at", type=int, default=-1)
+p.add_argument("--abort-at", type=int, default=-1)
 p.add_argument("--exit", type=int, default=None)
 def train(args, rank):
     model = jdist.prepare(torch.nn.Linear(8, 1))
@@ -50,8 +50,8 @@ def train(args, rank):
         jdist.log(step=step, loss=loss.item())
         if rank == 1 and step == args.fail_at:
             raise ValueError(f"loss went bad at step {step}")
-        if rank == 1 and step == args.kill_at:
-            os.kill(os.getpid(), 9)
+        if rank == 1 and step == args.abort_at:  # as a C++ library would (no core file)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); os.abort()
         time.sleep(args.sleep)
 def main():
     args = p.parse_args()
@@ -148,9 +148,12 @@ def test_exits_killed_ranks_and_hangs_have_their_own_codes(work):
     # (sys.exit(0): test_a_script_runs_on_every_rank_and_its_run_is_in_the_run_log)
     out = jdist("run", "-n", "2", "train.py", "--steps", "3", "--exit", "3")
     assert out.returncode == 1 and "exited with code 3" in out.stderr and "Traceback" not in out.stderr
-    out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--kill-at", "2", "--sleep", "0.02")
-    assert out.returncode == 128 + 9, out.stderr
-    assert "rank 1 died: killed by SIGKILL" in out.stderr
+    out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--abort-at", "2", "--sleep", "0.02")
+    assert out.returncode == 128 + 6, out.stderr
+    assert "rank 1 died: killed by SIGABRT" in out.stderr, out.stderr
+    crash = out.stderr.split("Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:\n")[-1]
+    assert [line.rsplit("/", 1)[-1] for line in crash.splitlines()[:3]] == [  # the script's frames, outermost first
+        'train.py", line 33, in <module>', 'train.py", line 27, in main', 'train.py", line 21, in train'], out.stderr
     (work / "hang.py").write_text("import torch, torch.distributed as dist\n"
                                   "if dist.get_rank() == 0:\n    dist.all_reduce(torch.ones(1))\n")
     out = jdist("run", "-n", "2", "--watchdog", "2", "hang.py")
