@@ -317,9 +317,10 @@ def user_frames(frames: Sequence[Frame], most: int = 12) -> list[Frame]:
     """The frames from a cell's (or ``%run`` script's) outermost frame in, without IPython's and the engine's
     around them; else the innermost ``most``.
 
-    >>> user_frames([("/v/ctypes/__init__.py", 519, "string_at"), ("/tmp/ipykernel_7/2.py", 3, "crash"),
-    ...              ("/tmp/ipykernel_7/2.py", 5, "<module>"), ("/v/IPython/core/interactiveshell.py", 3577, "run_code")])
-    [('/v/ctypes/__init__.py', 519, 'string_at'), ('/tmp/ipykernel_7/2.py', 3, 'crash'), ('/tmp/ipykernel_7/2.py', 5, '<module>')]
+    >>> frames = [("/v/ctypes/__init__.py", 519, "string_at"), ("/tmp/ipykernel_7/2.py", 3, "crash"),
+    ...           ("/tmp/ipykernel_7/2.py", 5, "<module>"), ("/v/IPython/core/interactiveshell.py", 3577, "run_code")]
+    >>> [func for _, _, func in user_frames(frames)]
+    ['string_at', 'crash', '<module>']
     """
     for i, (path, _, func) in enumerate(frames):
         if func == "execfile" and "IPython" in path and i > 0:  # the script of a %run (jdist run)

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
-from jdist.common.stacks import CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler, parse_sample
+from jdist.common.stacks import (CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler,
+                                 parse_sample)
 from jdist.common.waiting import poll_until
 from jdist.plugins import backend_spec
 from jdist.protocol import ProcessIdentity, RankInfo
