@@ -278,18 +278,20 @@ def test_a_rank_that_ends_before_mpi_init_fails_the_start_at_once_with_its_outpu
 
 
 @pytest.mark.cluster
-def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_and_output(monkeypatch, tmp_path):
-    """Rank 1's process ends in its set-up (after it registered) while rank 0 waits for it in MPI: the start fails
-    at once (before, it waited out --timeout and 60 s more: 90 s here), naming the rank, how it ended and what it
-    wrote. (In full test runs a TF restart failed with ipyparallel's "Engine 1 died" and rank 0's KeyboardInterrupt,
-    and nothing said why.)"""
+def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_where_it_crashed_and_output(monkeypatch, tmp_path):
+    """Rank 1's process aborts in its set-up (after it registered) while rank 0 waits for its answer: the start fails
+    at once (before, it waited out --timeout and 60 s more, as rank 0 waited in MPI for a rank that ended early in
+    its set-up: 90 s here), naming the rank, how it ended, where it
+    crashed (its faulthandler report) and what it wrote. (In full test runs a TF restart failed with ipyparallel's
+    "Engine 1 died" and rank 0's KeyboardInterrupt, and nothing said why.)"""
     (tmp_path / "sitecustomize.py").write_text(
-        "import os, socket, sys\nif os.environ.get('PMI_RANK') == '1':\n"
+        "import os, resource, socket, sys\nif os.environ.get('PMI_RANK') == '1':\n"
         "    lookup = socket.gethostname\n"
         "    def gone():\n"
-        "        if sys._getframe(1).f_code.co_name == 'mpi_world':\n"
+        "        if sys._getframe(1).f_code.co_name == 'watch_owner':  # the set-up's last step\n"
         "            os.write(2, b'rank 1: leaving in its set-up\\n')\n"
-        "            os._exit(3)\n"
+        "            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+        "            os.abort()\n"
         "        return lookup()\n"
         "    socket.gethostname = gone\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -297,11 +299,12 @@ def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_and_output(monkey
     with pytest.raises(ClusterError) as info:
         c.start()
     lines = info.value.lines
-    assert lines[0] == ("Setting up backend 'ddp' on the ranks failed: a rank's process ended. What ended, and the "
-                        "ranks' output:"), lines
-    text = "\n".join(lines)
-    assert "rank 1 exited with code 3 during its set-up" in text, text
-    assert "rank 1: leaving in its set-up" in text, text
+    assert lines[:3] == ["Setting up backend 'ddp' on the ranks failed: a rank's process ended.",
+                         "rank 1 was killed by SIGABRT (Aborted) during its set-up",
+                         "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:"], lines
+    output = lines.index("The ranks' output (its last lines):")
+    assert lines[output - 2].endswith(", in watch_owner") and lines[output - 1].endswith(", in gone"), lines
+    assert "rank 1: leaving in its set-up" in lines[output:], lines
     assert not c.running and c.work_dir is None
 
 

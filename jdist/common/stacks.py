@@ -329,6 +329,24 @@ def user_frames(frames: Sequence[Frame], most: int = 12) -> list[Frame]:
     return list(frames[:cells[-1] + 1]) if cells else list(frames[:most])
 
 
+def crash_lines(rank: int | None, text: str) -> list[str]:
+    """Where a rank crashed (its crash report in ``text``, :func:`parse_crash`), as lines of an error; none if it
+    wrote none. ``rank`` None: a report from output that several ranks share (ranks on other hosts).
+
+    >>> print("\\n".join(crash_lines(1, 'Fatal Python error: Aborted\\n\\nStack (most recent call first):\\n'
+    ...                                  '  File "/tmp/ipykernel_7/2.py", line 3 in <module>\\n')))
+    Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:
+      cell line 3, in <module>
+    """
+    crash = parse_crash(text)
+    if crash is None or not crash[1]:
+        return []
+    what, frames = crash
+    who = "A rank" if rank is None else f"Rank {rank}"
+    return [f"{who} crashed (Fatal Python error: {what}) here, innermost call last:",
+            format_stack(user_frames(frames), cells=True)]
+
+
 def format_stack(frames: Sequence[Frame], cells: bool = False) -> str:
     """The frames as a traceback-like text, outermost first; ``cells``: a cell's frames as ``cell line N`` (on
     the rank its file is IPython's, a name the user never saw).

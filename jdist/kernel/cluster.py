@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jdist.common.controller import engine_states
-from jdist.common.stacks import SETUP_DUMP_PREFIX, Frame, Sample, format_stack, parse_setup_dump
+from jdist.common.stacks import SETUP_DUMP_PREFIX, Frame, Sample, crash_lines, format_stack, parse_setup_dump
 from jdist.common.waiting import poll_until
 from jdist.errors import ClusterError
 from jdist.options import ClusterConfig
@@ -261,7 +261,7 @@ class ClusterSession:
             poll_until(lambda: self._ended_in_setup(ended), 2.0)  # its shell writes the exit status a moment later
         if ended:  # MPI cannot go on without it: the others wait for it, or were ended, so theirs is no cause
             raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: a rank's process "
-                               "ended. What ended, and the ranks' output:", ended[0])
+                               "ended.", *self._ended_lines(ended[0]))
         try:
             infos = ar.get(timeout=0)
         except ipp.error.TimeoutError as exc:
@@ -291,11 +291,19 @@ class ClusterSession:
         output, is appended to ``ended``."""
         assert self.launcher is not None
         text = self.launcher.exited_early("during its set-up")
-        if text:  # what ended first, then the output's last lines (much of it is ipyparallel's own log)
-            lines = text.splitlines()
-            head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
-            ended.append("\n".join(head + lines[len(head):][-SETUP_OUTPUT_LINES:]))
+        if text:
+            ended.append(text)
         return bool(text)
+
+    def _ended_lines(self, text: str) -> list[str]:
+        """What ended (the launcher's lines), where each rank that crashed was, and the output's last lines (much
+        of it is ipyparallel's own log)."""
+        assert self.launcher is not None
+        lines = text.splitlines()
+        head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
+        crashes = [line for rank, report in sorted(self.launcher.crash_reports().items(), key=lambda kv: kv[0] or 0)
+                   for line in crash_lines(rank, report)]
+        return [*head, *crashes, "The ranks' output (its last lines):", *lines[len(head):][-SETUP_OUTPUT_LINES:]]
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:
         """The lines of the error when set-up did not end in time: how many ranks, and where each waited

@@ -146,6 +146,11 @@ class RankLauncher(ABC):
         return any(el.state == "after" or not popen_alive(getattr(el, "process", None))
                    for el in self.engine_launchers())
 
+    def crash_reports(self) -> dict[int | None, str]:
+        """The text holding each crashed rank's crash report (faulthandler's: :mod:`jdist.rank.guard`), by rank;
+        the key None: the reports of ranks that write them into the launcher's output (other hosts)."""
+        return {}
+
     @abstractmethod
     def exited_early(self, when: str = "before it registered") -> str | None:
         """What ended (ranks ``when``, an engine launcher) with the launch's output; None while nothing did.

@@ -256,11 +256,22 @@ class LocalMPILauncher(RankLauncher):
             code = None
         oom_now = oom_kills()
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
-        try:  # written by the rank's faulthandler if it crashed (jdist.rank.guard)
-            crash = (self.work_dir / CRASH_FILE.format(rank=first)).read_text(errors="replace")
-        except OSError:
-            crash = ""
+        crash = self.crash_reports().get(first, "")
         return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash)
+
+    def crash_reports(self) -> dict[int | None, str]:
+        """Each rank's crash file (``rank-<r>.crash`` in the work folder) that is not empty."""
+        prefix, suffix = CRASH_FILE.split("{rank}")
+        reports: dict[int | None, str] = {}
+        for path in self.work_dir.glob(CRASH_FILE.format(rank="*")):
+            try:
+                text = path.read_text(errors="replace")
+                rank = int(path.name[len(prefix):-len(suffix)])
+            except (OSError, ValueError):
+                continue
+            if text.strip():
+                reports[rank] = text
+        return reports
 
     def _end_survivors(self) -> None:
         """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""

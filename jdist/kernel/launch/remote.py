@@ -313,7 +313,11 @@ class RemoteMPILauncher(RankLauncher):
         if host:
             cause += f" on host {host}"
         text = self.output().strip()
-        return RankDeath(first, cause, text[-2000:], code, crash=text)  # ranks here write crash reports to stderr
+        return RankDeath(first, cause, text[-2000:], code, crash=text)
+
+    def crash_reports(self) -> dict[int | None, str]:
+        """The ranks here write their crash reports to stderr: the launcher's output, all ranks together."""
+        return {None: self.output()}
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from jdist.common.stacks import format_stack, parse_crash, user_frames
+from jdist.common.stacks import crash_lines
 from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
@@ -128,22 +128,6 @@ def exit_note(result: CellResult) -> str | None:
         return None
     return (f"jdist: {rank_ranges(clean)} exited with code 0 (sys.exit/exit()): the cell ended there; "
             "the ranks and their variables stay (%dist stop ends them).")
-
-
-def crash_lines(rank: int | None, text: str) -> list[str]:
-    """Where the rank crashed (its faulthandler report in ``text``), as lines of the error; none if it wrote none.
-
-    >>> print("\\n".join(crash_lines(1, 'Fatal Python error: Aborted\\n\\nStack (most recent call first):\\n'
-    ...                                  '  File "/tmp/ipykernel_7/2.py", line 3 in <module>\\n')))
-    Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:
-      cell line 3, in <module>
-    """
-    crash = parse_crash(text)
-    if crash is None or not crash[1]:
-        return []
-    what, frames = crash
-    return [f"Rank {rank} crashed (Fatal Python error: {what}) here, innermost call last:",
-            format_stack(user_frames(frames), cells=True)]
 
 
 def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] = (),
