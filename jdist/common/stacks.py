@@ -308,7 +308,7 @@ def parse_crash(text: str) -> tuple[str, list[Frame]] | None:
         m = _FRAME_LINE.match(line)
         if inside and m:
             frames.append((m.group(1), int(m.group(2)), m.group(3)))
-        elif frames:  # the crashing thread's stack has ended
+        elif frames or (inside and line.strip() == "<no Python frame>"):  # the crashing thread's stack has ended
             break
     return lines[starts[-1]][len(_FATAL):].strip(), frames
 
@@ -337,12 +337,17 @@ def crash_lines(rank: int | None, text: str) -> list[str]:
     ...                                  '  File "/tmp/ipykernel_7/2.py", line 3 in <module>\\n')))
     Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:
       cell line 3, in <module>
+    >>> crash_lines(None, 'Fatal Python error: Segmentation fault\\n\\nStack (most recent call first):\\n'
+    ...                   '  <no Python frame>\\n')
+    ['A rank crashed (Fatal Python error: Segmentation fault) in a thread running no Python code (a C or C++ thread)']
     """
     crash = parse_crash(text)
-    if crash is None or not crash[1]:
+    if crash is None:
         return []
     what, frames = crash
     who = "A rank" if rank is None else f"Rank {rank}"
+    if not frames:
+        return [f"{who} crashed (Fatal Python error: {what}) in a thread running no Python code (a C or C++ thread)"]
     return [f"{who} crashed (Fatal Python error: {what}) here, innermost call last:",
             format_stack(user_frames(frames), cells=True)]
 
