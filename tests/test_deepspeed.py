@@ -73,6 +73,8 @@ def pulled(k, name):
 def ds(kernel):
     out = kernel.run("%%distributed -n 2 --backend deepspeed --timeout 120\nimport jdist")
     assert "Ready: 2 rank(s), backend deepspeed (zero 2, offload none), device(s) cpu" in out.stdout, out.stdout
+    status = kernel.run("%dist status").stdout
+    assert "2 CPU rank(s), backend deepspeed (zero 2, offload none), precision fp32" in status, status  # as it started
     kernel.run(SETUP)
     yield kernel
     kernel.run("%dist stop", allow_error=True)

@@ -653,6 +653,7 @@ class ClusterSession:
             ranks.append({**info, "engine_id": eid, "state": state})
         return {
             "config": self.config.as_dict(),
+            "backend": self.backend_label(),  # with its own options' values, as the start line says it
             "uptime_s": time.time() - (self.started_at or time.time()),
             "cluster_id": self.cluster_id,
             "ranks": ranks,

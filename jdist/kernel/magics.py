@@ -300,7 +300,7 @@ def format_status(status: dict[str, Any]) -> str:
     cfg = status["config"]
     kind = "GPU" if cfg["gpus"] else "CPU"
     lines = [
-        f"jdist cluster {status['cluster_id']}: {cfg['n']} {kind} rank(s), backend {cfg['backend']}, "
+        f"jdist cluster {status['cluster_id']}: {cfg['n']} {kind} rank(s), backend {status['backend']}, "
         f"precision {cfg.get('precision', 'fp32')}, process-group timeout {cfg['timeout']:g} s, "
         f"up {status['uptime_s']:.0f} s",
         f"{'rank':>4}  {'host':<16} {'pid':>8}  {'device':<8} {'state':<5}",
