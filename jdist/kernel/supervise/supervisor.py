@@ -260,13 +260,14 @@ class CellSupervisor:
         else:  # some ranks are stuck: the failures of those that ended are still the root cause
             obs.failures = view.failures()
         self.output.close()
-        rebuilt, unusable = None, {}
+        rebuilt, unusable, states = None, {}, None
         if obs.death is None and obs.stuck and not spec.releases:  # no release will ever come: new processes
             unusable = {r: f"still waiting in a collective, which {spec.name} cannot release" for r in obs.stuck}
         elif obs.death is None and not obs.stuck and (obs.failures or obs.interrupted or obs.released):
-            unusable = unusable_ranks(cluster)
+            states = guard_states(cluster)  # one round trip for both questions below
+            unusable = unusable_ranks(states)
         if not unusable and obs.death is None and (obs.interrupted or obs.released) and not obs.stuck:
-            rebuilt = rebuild_group(cluster) if self.rebuild else released_where(cluster)
+            rebuilt = rebuild_group(cluster, states) if self.rebuild else released_where(states)
         outcome = classify(obs)
         self.records.finish(outcome.status.run_status, outcome.error)
         hints = spec.hints_for(f.summary for f in obs.failures.values())
@@ -275,21 +276,31 @@ class CellSupervisor:
                           unusable=unusable, hints=hints)
 
 
-def unusable_ranks(cluster: ClusterSession) -> dict[int, str]:
+def guard_states(cluster: ClusterSession) -> list[dict[str, Any]] | None:
+    """Every rank's guard state after a cell (``RankCall("guard_state")``); None if the ranks could not answer
+    (the cell's report says what happened to them)."""
+    try:
+        return cluster.call("guard_state", timeout=10)
+    except Exception:
+        return None
+
+
+def unusable_ranks(states: list[dict[str, Any]] | None) -> dict[int, str]:
     """Ranks whose communication cannot be used again in their process, and why (``--framework tf``
-    after a failed collective: :meth:`Backend.unusable <jdist.rank.backends.Backend.unusable>`)."""
-    try:
-        states = cluster.call("guard_state", timeout=10)
-    except Exception:  # ranks that cannot answer: the cell's report says what happened to them
-        return {}
-    return {r: st["unusable"] for r, st in enumerate(states) if st.get("unusable")}
+    after a failed collective: :meth:`Backend.unusable <jdist.rank.backends.Backend.unusable>`).
+
+    >>> unusable_ranks([{"unusable": None}, {"unusable": "a collective timed out"}]), unusable_ranks(None)
+    ({1: 'a collective timed out'}, {})
+    """
+    return {r: st["unusable"] for r, st in enumerate(states or []) if st.get("unusable")}
 
 
-def rebuild_group(cluster: ClusterSession) -> dict[str, Any] | None:
-    """Re-build the process group on all ranks if a release broke it; what was kept and lost,
-    in the backend's words (``RankCall("rebuild_group")``)."""
+def rebuild_group(cluster: ClusterSession, states: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Re-build the process group on all ranks if a release broke it (by the ranks' guard ``states``); what was
+    kept and lost, in the backend's words (``RankCall("rebuild_group")``)."""
     try:
-        states = cluster.call("guard_state", timeout=10)
+        if states is None:  # they did not answer a moment ago: ask again, for the error's own words
+            states = cluster.call("guard_state", timeout=10)
         started = diverged(states)
         if not any(st["broken"] for st in states) and started is None:
             return None
@@ -327,12 +338,14 @@ def diverged(states: list[dict[str, Any]]) -> str | None:
     return ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
 
 
-def released_where(cluster: ClusterSession) -> dict[str, Any] | None:
-    """Where each released rank was waiting (its guard's note), without re-building the group
-    (``jdist run``: the run ends): ``{"released_from": {rank: where}, "rebuilt": False}``."""
-    try:
-        states = cluster.call("guard_state", timeout=10)
-    except Exception:
+def released_where(states: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Where each released rank was waiting (its guard's note in ``states``), without re-building the group
+    (``jdist run``: the run ends): ``{"released_from": {rank: where}, "rebuilt": False}``.
+
+    >>> released_where([{"released_from": "all_reduce (cell line 3)"}, {"released_from": None}])
+    {'released_from': {0: 'all_reduce (cell line 3)'}, 'rebuilt': False}
+    """
+    if states is None:
         return None
     where = {r: st["released_from"] for r, st in enumerate(states) if st["released_from"]}
     return {"released_from": where, "rebuilt": False} if where else None
