@@ -118,6 +118,25 @@ def test_a_rank_call_travels_as_its_name():
     assert call.name == "cell_count" and b"jdist.rank" not in pickle.dumps(RankCall("x"))
 
 
+def test_every_name_the_kernel_calls_on_the_ranks_is_a_function_of_rank_rpc():
+    """The kernel names rank functions as strings (it never imports jdist.rank.rpc): each ``RankCall("…")`` and
+    ``.call("…")`` outside jdist/rank must name a function rpc.py defines, or it would fail only on the ranks."""
+    import ast
+    import re
+
+    tree = ast.parse((REPO / "jdist" / "rank" / "rpc.py").read_text())
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    called: dict[str, str] = {}
+    for path in sorted((REPO / "jdist").rglob("*.py")):
+        if "rank" in path.relative_to(REPO / "jdist").parts[:1]:
+            continue
+        for name in re.findall(r'(?:RankCall\(|\.call\()"([A-Za-z_]+)"', path.read_text()):
+            called.setdefault(name, str(path.relative_to(REPO)))
+    assert len(called) >= 20, called  # the scan found the calls
+    unknown = {name: where for name, where in called.items() if name not in defined}
+    assert not unknown, f"not functions of jdist/rank/rpc.py: {unknown}"
+
+
 def test_protocol_holds_wire_types_only():
     """The codec, the shared paths and the TypeScript generator live elsewhere (one concern each)."""
     import jdist.protocol as protocol
