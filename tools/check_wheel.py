@@ -71,7 +71,7 @@ def wheel_version(wheel: Path) -> str:
 
 
 def check_wheel_contents(wheel: Path) -> None:
-    """The prebuilt lab extension and the server extension's config travel in the wheel."""
+    """The prebuilt lab extension and the server extension's config travel in the wheel; pytest's set-up does not."""
     names = zipfile.ZipFile(wheel).namelist()
     data = f"jdist-{wheel_version(wheel)}.data/data/"
     needed = [data + "share/jupyter/labextensions/jdist/package.json",
@@ -81,6 +81,9 @@ def check_wheel_contents(wheel: Path) -> None:
     missing = [n for n in needed if n not in names]
     if missing:
         raise CheckFailed(f"the wheel lacks {missing}: check [tool.hatch.build.targets.wheel.shared-data] in pyproject.toml")
+    tests = [n for n in names if n.rsplit("/", 1)[-1] == "conftest.py"]
+    if tests:
+        raise CheckFailed(f"the wheel ships pytest's configuration {tests}: exclude it in [tool.hatch.build.targets.wheel]")
 
 
 def check_versions(venv: CleanVenv, wheel: Path, env: dict[str, str], cwd: Path) -> str:
