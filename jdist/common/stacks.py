@@ -102,6 +102,11 @@ def describe(frames: Sequence[Frame], backward_waits: bool = False,
     return f"{waiting} ({where_in_cell(frames)})"
 
 
+def _runs_a_script(path: str, func: str) -> bool:
+    """Whether a frame is IPython's ``%run`` of a script (``safe_execfile``): the script's frames are inside it."""
+    return func == "execfile" and "IPython" in path
+
+
 def where_in_cell(frames: Sequence[Frame]) -> str:
     """``cell line N`` of the innermost cell frame, or for a script run with ``%run`` (as ``jdist
     run`` does) ``script.py:N`` at the innermost line of the script (``in f`` inside a function: the
@@ -118,7 +123,7 @@ def where_in_cell(frames: Sequence[Frame]) -> str:
     'train.py:30 in train'
     """
     for i, (path, line, func) in enumerate(frames):
-        if func == "execfile" and "IPython" in path and i > 0:  # IPython's %run of a script (safe_execfile)
+        if _runs_a_script(path, func) and i > 0:
             script = frames[i - 1][0]
             _, script_line, where = next(f for f in frames[:i] if f[0] == script)
             return f"{Path(script).name}:{script_line}" + ("" if where == "<module>" else f" in {where}")
@@ -323,7 +328,7 @@ def user_frames(frames: Sequence[Frame], most: int = 12) -> list[Frame]:
     ['string_at', 'crash', '<module>']
     """
     for i, (path, _, func) in enumerate(frames):
-        if func == "execfile" and "IPython" in path and i > 0:  # the script of a %run (jdist run)
+        if _runs_a_script(path, func) and i > 0:  # the script of a %run (jdist run)
             return list(frames[:i])
     cells = [i for i, (path, _, _) in enumerate(frames) if _CELL_FILE.search(path)]
     return list(frames[:cells[-1] + 1]) if cells else list(frames[:most])
