@@ -278,17 +278,22 @@ def test_a_rank_that_ends_before_mpi_init_fails_the_start_at_once_with_its_outpu
 
 
 @pytest.mark.cluster
-def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_where_it_crashed_and_output(monkeypatch, tmp_path):
-    """Rank 1's process aborts in its set-up (after it registered) while rank 0 waits for its answer: the start fails
-    at once (before, it waited out --timeout and 60 s more, as rank 0 waited in MPI for a rank that ended early in
-    its set-up: 90 s here), naming the rank, how it ended, where it
-    crashed (its faulthandler report) and what it wrote. (In full test runs a TF restart failed with ipyparallel's
-    "Engine 1 died" and rank 0's KeyboardInterrupt, and nothing said why.)"""
+def test_a_rank_that_crashes_in_its_set_up_is_named_and_the_ranks_start_once_more(monkeypatch, tmp_path):
+    """Rank 1's process aborts in its set-up (after it registered) while rank 0 waits for its answer: the start
+    stops at once (before, it waited out --timeout and 60 s more, as rank 0 waited in MPI for a rank that ended
+    early in its set-up: 90 s here), says the rank, how it ended and where it crashed (its faulthandler report),
+    and starts the ranks once more. A second crash in a row fails the start with what the rank wrote; a crash
+    followed by a good start leaves a running cluster. (In full test runs a new TF rank was killed by SIGSEGV in
+    its set-up, about once in 15 runs, where nothing had said why before.)"""
+    crashes = tmp_path / "crashes"
+    crashes.mkdir()
     (tmp_path / "sitecustomize.py").write_text(
         "import os, resource, socket, sys\nif os.environ.get('PMI_RANK') == '1':\n"
         "    lookup = socket.gethostname\n"
         "    def gone():\n"
-        "        if sys._getframe(1).f_code.co_name == 'watch_owner':  # the set-up's last step\n"
+        f"        done = len(os.listdir({str(crashes)!r}))\n"
+        "        if sys._getframe(1).f_code.co_name == 'watch_owner' and done < 3:  # the set-up's last step\n"
+        f"            open(os.path.join({str(crashes)!r}, str(done)), 'w').close()\n"
         "            os.write(2, b'rank 1: leaving in its set-up\\n')\n"
         "            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
         "            os.abort()\n"
@@ -296,16 +301,31 @@ def test_a_rank_that_dies_in_its_set_up_is_named_with_its_exit_where_it_crashed_
         "    socket.gethostname = gone\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    said: list[str] = []
     with pytest.raises(ClusterError) as info:
-        c.start()
+        c.start(said.append)
     lines = info.value.lines
-    assert lines[:3] == ["Setting up backend 'ddp' on the ranks failed: a rank's process ended.",
+    assert lines[:4] == ["Setting up backend 'ddp' on the ranks failed: a rank's process ended.",
+                         "A rank crashed in the ranks' first start too (said above).",
                          "rank 1 was killed by SIGABRT (Aborted) during its set-up",
                          "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:"], lines
     output = lines.index("The ranks' output (its last lines):")
     assert lines[output - 2].endswith(", in watch_owner") and lines[output - 1].endswith(", in gone"), lines
     assert "rank 1: leaving in its set-up" in lines[output:], lines
     assert not c.running and c.work_dir is None
+    retries = [line for line in said if "Starting the ranks once more" in line]
+    assert len(retries) == 1 and retries[0].startswith("rank 1 was killed by SIGABRT (Aborted) during its set-up\n"
+                                                       "Rank 1 crashed (Fatal Python error: Aborted) here"), said
+    assert "The ranks' output" not in retries[0], retries[0]  # the output comes with the error only
+    said.clear()
+    try:
+        assert c.start(said.append) and c.running  # the third crash, then a start without one
+        assert sum("Starting the ranks once more" in line for line in said) == 1, said
+        assert said[-1].startswith("Ready: 2 rank(s)"), said
+        assert c.pull("rank") == [0, 1]
+    finally:
+        c.stop()
+    assert len(list(crashes.iterdir())) == 3
 
 
 @pytest.mark.cluster

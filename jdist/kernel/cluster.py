@@ -75,6 +75,18 @@ SETUP_OUTPUT_LINES = 40
 OWNER_FILE = "owner"
 
 
+#: Where the ranks' output begins in the error of a rank that ended in its set-up.
+_SETUP_OUTPUT = "The ranks' output (its last lines):"
+
+
+class _SetupCrash(Exception):
+    """A rank's process crashed in its set-up: ``error`` says so (:meth:`ClusterSession.start` tries once more)."""
+
+    def __init__(self, error: ClusterError):
+        super().__init__(error.lines[0])
+        self.error = error
+
+
 def _engine_died(ar: Any) -> bool:
     """Whether ipyparallel failed ``ar`` because an engine died ("Engine 1 died while running task")."""
     try:
@@ -124,11 +136,27 @@ class ClusterSession:
     def start(self, progress: Callable[[str], None] | None = None) -> list[RankInfo]:
         """Start controller and engines, wait for all ranks, set up the backend on them.
 
-        ``progress(message)`` is called with human-readable progress lines.
+        ``progress(message)`` is called with human-readable progress lines. A rank whose process crashes in
+        its set-up (a fatal signal: :meth:`RankLauncher.crashed`) is said with where it crashed, and the ranks
+        start once more: a crash in the backend's start can be a one-off (TensorFlow's import, rarely, in
+        full test runs). A second crash fails the start.
         """
+        say = progress or (lambda msg: None)
+        try:
+            return self._start(say)
+        except _SetupCrash as crash:
+            said = crash.error.lines[1:crash.error.lines.index(_SETUP_OUTPUT)]  # what ended, where it crashed
+            say("\n".join([*said, "Starting the ranks once more: a crash in their set-up "
+                            "can be a one-off (a second one fails the start)..."]))
+        try:
+            return self._start(say)
+        except _SetupCrash as crash:
+            raise ClusterError(*crash.error.lines[:1], "A rank crashed in the ranks' first start too (said above).",
+                               *crash.error.lines[1:]) from None
+
+    def _start(self, say: Callable[[str], None]) -> list[RankInfo]:
         import ipyparallel as ipp
 
-        say = progress or (lambda msg: None)
         n = self.config.n
         t0 = time.perf_counter()
         self.recovery.take()  # new ranks: nothing of the old ones' to replay (recovery.restart took it first)
@@ -260,8 +288,11 @@ class ClusterSession:
         if not ended and ar.ready() and _engine_died(ar):
             poll_until(lambda: self._ended_in_setup(ended), 2.0)  # its shell writes the exit status a moment later
         if ended:  # MPI cannot go on without it: the others wait for it, or were ended, so theirs is no cause
-            raise ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: a rank's process "
-                               "ended.", *self._ended_lines(ended[0]))
+            error = ClusterError(f"Setting up backend {self.config.backend!r} on the ranks failed: a rank's process "
+                                 "ended.", *self._ended_lines(ended[0]))
+            if self.launcher.crashed():
+                raise _SetupCrash(error)
+            raise error
         try:
             infos = ar.get(timeout=0)
         except ipp.error.TimeoutError as exc:
@@ -303,7 +334,7 @@ class ClusterSession:
         head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
         crashes = [line for rank, report in sorted(self.launcher.crash_reports().items(), key=lambda kv: kv[0] or 0)
                    for line in crash_lines(rank, report)]
-        return [*head, *crashes, "The ranks' output (its last lines):", *lines[len(head):][-SETUP_OUTPUT_LINES:]]
+        return [*head, *crashes, _SETUP_OUTPUT, *lines[len(head):][-SETUP_OUTPUT_LINES:]]
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:
         """The lines of the error when set-up did not end in time: how many ranks, and where each waited

@@ -156,6 +156,11 @@ class RankLauncher(ABC):
         """What ended (ranks ``when``, an engine launcher) with the launch's output; None while nothing did.
         Polled while the ranks register, and asked once more if a rank's process ends during its set-up."""
 
+    def crashed(self) -> bool:
+        """Whether a rank that ended (:meth:`exited_early`) was killed by a crash signal (:data:`.mpi.CRASH_SIGNALS`):
+        the cluster then starts its ranks once more. False where the launcher cannot tell."""
+        return False
+
     # -- while the ranks run ----------------------------------------------------------------
     def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
         """The kernel's ipyparallel client and each rank's engine id (signals through the controller)."""

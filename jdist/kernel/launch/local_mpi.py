@@ -42,7 +42,8 @@ from jdist.plugins import backend_spec
 from jdist.protocol import ProcessIdentity, RankInfo
 
 from .api import RankDeath, RankLauncher
-from .mpi import ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import (CRASH_SIGNALS, ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell,
+                  mpiexec_path)
 
 #: The environment variable that names the engine launcher's output file to the shell around each engine.
 OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
@@ -197,6 +198,9 @@ class LocalMPILauncher(RankLauncher):
             return ended + (self.output().strip() or "(no output)")
         except OSError:
             return ended + "(no output captured)"
+
+    def crashed(self) -> bool:
+        return any(code is not None and code - 128 in CRASH_SIGNALS for code in self._rank_exits().values())
 
     def _rank_exits(self) -> dict[int, int | None]:
         """The ranks whose shell wrote their exit status (``exit-<rank>`` in the work dir): ended."""

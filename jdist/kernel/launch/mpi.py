@@ -95,6 +95,10 @@ def engine_set_launcher() -> type:
     return JdistMPIEngineSetLauncher
 
 
+#: The signals of a process's own fault (a C extension's), not of someone ending it (SIGKILL, SIGTERM, SIGINT).
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL})
+
+
 def cause_of_exit(code: int | None, oom: bool) -> str:
     """A rank's exit status (128+N: killed by signal N) in words.
 
