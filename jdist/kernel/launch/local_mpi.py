@@ -42,8 +42,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import ProcessIdentity, RankInfo
 
 from .api import RankDeath, RankLauncher
-from .mpi import (CRASH_SIGNALS, ENGINE_MODULE, cause_of_exit, engine_argv, engine_set_launcher, engine_shell,
-                  mpiexec_path)
+from .mpi import CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
 
 #: The environment variable that names the engine launcher's output file to the shell around each engine.
 OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
@@ -123,6 +122,7 @@ class LocalMPILauncher(RankLauncher):
     def __init__(self, config: Any, work_dir: Path):
         super().__init__(config, work_dir)
         self._ranks: list[RankInfo] = []
+        self._procs: list[Any] = []  # psutil.Process of each rank (watch)
         self._deaths: list[int] = []  # ranks whose process ended, in order (filled by the watch thread)
         self._shm: set[str] = set()  # the job's MPI shared-memory segments (removed at stop)
         self._unwatched: list[RankInfo] = []  # ranks without a pidfd (checked by PID)
@@ -220,8 +220,14 @@ class LocalMPILauncher(RankLauncher):
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         """A thread waits on pidfds of the ranks and notes which ends first."""
         self.note_job()
+        import psutil
+
         self._ranks = list(ranks)
         self._shm = mpi_shm_segments([info["pid"] for info in ranks])
+        self._procs = []  # each knows its start time: psutil signals none whose PID was reused since
+        for info in ranks:
+            with contextlib.suppress(psutil.Error):
+                self._procs.append(psutil.Process(info["pid"]))
         fds = {}
         self._deaths, self._unwatched = [], []
         for info in ranks:
@@ -281,13 +287,9 @@ class LocalMPILauncher(RankLauncher):
         """MPI cannot go on without a rank: end the others now (by PID) rather than leave it to mpiexec."""
         import psutil
 
-        for info in self._ranks:
-            try:
-                proc = psutil.Process(info["pid"])
-                if ENGINE_MODULE in " ".join(proc.cmdline()):  # still our engine, not a reused PID
-                    proc.kill()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+        for proc in self._procs:
+            with contextlib.suppress(psutil.Error):  # ended, or its PID is another process's now
+                proc.kill()
         # until they have ended, so status says dead for every rank
         poll_until(lambda: len(self.deaths()) >= len(self._ranks), 1.0, interval=0.01)
 
@@ -375,7 +377,7 @@ class LocalMPILauncher(RankLauncher):
                 pass
 
     def stop(self) -> None:
-        self._ranks, self._deaths, self._unwatched = [], [], []
+        self._ranks, self._procs, self._deaths, self._unwatched = [], [], [], []
         self._end_leftovers()
         # MPICH unlinks its shared-memory segment in MPI_Finalize; a job whose ranks were killed
         # leaves it in /dev/shm (2 MB each), and a later job whose segment gets the same name
