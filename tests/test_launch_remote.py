@@ -71,6 +71,20 @@ def test_deaths_come_from_exit_lines_then_from_the_launcher_ending(tmp_path):
         proc.wait()
 
 
+@pytest.mark.parametrize("lines, crashed", [(b"jdist-rank-exit 1 139\njdist-rank-exit 0 137\n", True),
+                                             (b"jdist-rank-exit 1 3\njdist-rank-exit 0 139\n", False),
+                                             (b"no exit line yet\n", False)])
+def test_a_crash_is_the_first_exit_line_with_a_crash_signal(tmp_path, lines, crashed):
+    """A rank whose exit line says SIGSEGV (139) first crashed (the start tries once more); the others were ended
+    after it (hydra, srun), and a rank that exited with a code did not crash."""
+    launcher, proc = launcher_with_output(tmp_path, lines)
+    try:
+        assert launcher.crashed() is crashed
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_launcher_that_ended_means_every_rank_ended(tmp_path):
     launcher, proc = launcher_with_output(tmp_path, b"")
     proc.kill()

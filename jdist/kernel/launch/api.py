@@ -158,7 +158,7 @@ class RankLauncher(ABC):
 
     def crashed(self) -> bool:
         """Whether a rank that ended (:meth:`exited_early`) was killed by a crash signal (:data:`.mpi.CRASH_SIGNALS`):
-        the cluster then starts its ranks once more. False where the launcher cannot tell."""
+        the cluster then starts its ranks once more. False where the launcher cannot tell (the base class)."""
         return False
 
     # -- while the ranks run ----------------------------------------------------------------

@@ -56,7 +56,7 @@ from jdist.plugins import backend_spec
 from jdist.protocol import SAMPLE_KEY, NetworkPlan, RankInfo, sample_parent_id
 
 from .api import RankDeath, RankLauncher
-from .mpi import cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
@@ -253,6 +253,12 @@ class RemoteMPILauncher(RankLauncher):
             return None
         poll_until(lambda: self.output().strip(), 1.0)  # ipyparallel writes what it printed last a moment later
         return self.output().strip()[-3000:] or "(no output)"
+
+    def crashed(self) -> bool:
+        """Whether the first rank whose exit line came back was killed by a crash signal (hydra and srun end the
+        others after it)."""
+        first = EXIT_LINE.search(self.output().encode())
+        return first is not None and int(first.group(2)) - 128 in CRASH_SIGNALS
 
     # -- while the ranks run ----------------------------------------------------------------
     def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
