@@ -85,6 +85,17 @@ def test_a_crash_is_the_first_exit_line_with_a_crash_signal(tmp_path, lines, cra
         proc.wait()
 
 
+def test_a_launch_that_ended_early_names_the_first_rank_that_ended_and_how(tmp_path):
+    launcher, proc = launcher_with_output(tmp_path, b"Fatal Python error: Segmentation fault\n"
+                                                    b"jdist-rank-exit 1 139\njdist-rank-exit 0 143\n")
+    assert launcher.exited_early("during its set-up") is None  # hydra still runs
+    proc.kill()
+    proc.wait()
+    text = launcher.exited_early("during its set-up")
+    assert text.splitlines()[:2] == ["rank 1 was killed by SIGSEGV (Segmentation fault) during its set-up",
+                                     "Fatal Python error: Segmentation fault"], text
+
+
 def test_a_launcher_that_ended_means_every_rank_ended(tmp_path):
     launcher, proc = launcher_with_output(tmp_path, b"")
     proc.kill()

@@ -42,7 +42,8 @@ from jdist.plugins import backend_spec
 from jdist.protocol import ProcessIdentity, RankInfo
 
 from .api import RankDeath, RankLauncher
-from .mpi import CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import (CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, how_it_ended,
+                  mpiexec_path)
 
 #: The environment variable that names the engine launcher's output file to the shell around each engine.
 OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
@@ -52,17 +53,6 @@ OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
 RANK_WRAPPER = engine_shell(
     before=f'if [ -n "${OUTPUT_ENV}" ]; then exec >>"${OUTPUT_ENV}" 2>&1; fi; unset {OUTPUT_ENV}; ',
     after="echo $code > {exit_file}; exit $code")
-
-
-def _ended(code: int | None) -> str:
-    """How a rank ended, from its exit status.
-
-    >>> _ended(3), _ended(137)
-    ('exited with code 3', 'was killed by SIGKILL (kill -9, or the out-of-memory killer)')
-    """
-    if code is None:
-        return "ended"
-    return f"was {cause_of_exit(code, False)}" if code > 128 else f"exited with code {code}"
 
 
 def local_mpiexec() -> str:
@@ -191,7 +181,7 @@ class LocalMPILauncher(RankLauncher):
         exits = self._rank_exits()
         if not exits and not self.engine_launcher_ended():
             return None  # a rank that ended before MPI_Init leaves mpiexec waiting on the others
-        ended = "".join(f"rank {rank} {_ended(code)} {when}\n" for rank, code in sorted(exits.items()))
+        ended = "".join(f"rank {rank} {how_it_ended(code)} {when}\n" for rank, code in sorted(exits.items()))
         if self.engine_launcher_ended():
             ended += f"{self.program} exited\n"
         try:

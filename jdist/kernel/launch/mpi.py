@@ -99,6 +99,17 @@ def engine_set_launcher() -> type:
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL})
 
 
+def how_it_ended(code: int | None) -> str:
+    """How a rank ended, from its exit status, after "rank N".
+
+    >>> how_it_ended(3), how_it_ended(137)
+    ('exited with code 3', 'was killed by SIGKILL (kill -9, or the out-of-memory killer)')
+    """
+    if code is None:
+        return "ended"
+    return f"was {cause_of_exit(code, False)}" if code > 128 else f"exited with code {code}"
+
+
 def cause_of_exit(code: int | None, oom: bool) -> str:
     """A rank's exit status (128+N: killed by signal N) in words.
 

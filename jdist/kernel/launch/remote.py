@@ -56,7 +56,8 @@ from jdist.plugins import backend_spec
 from jdist.protocol import SAMPLE_KEY, NetworkPlan, RankInfo, sample_parent_id
 
 from .api import RankDeath, RankLauncher
-from .mpi import CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, mpiexec_path
+from .mpi import (CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher, engine_shell, how_it_ended,
+                  mpiexec_path)
 
 #: The shell around each remote engine: passes signals on, then prints the rank's exit status
 #: (128+N: killed by signal N) into the launcher's output, which comes back to the kernel's host.
@@ -252,7 +253,10 @@ class RemoteMPILauncher(RankLauncher):
         if not self.engine_launcher_ended():
             return None
         poll_until(lambda: self.output().strip(), 1.0)  # ipyparallel writes what it printed last a moment later
-        return self.output().strip()[-3000:] or "(no output)"
+        output = self.output()
+        first = EXIT_LINE.search(output.encode())  # the first rank that ended: hydra and srun end the others
+        ended = f"rank {int(first.group(1))} {how_it_ended(int(first.group(2)))} {when}\n" if first else ""
+        return ended + (output.strip()[-3000:] or "(no output)")
 
     def crashed(self) -> bool:
         """Whether the first rank whose exit line came back was killed by a crash signal (hydra and srun end the
