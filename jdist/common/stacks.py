@@ -40,7 +40,8 @@ _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-|<%%distributed 
 _FRAME_LINE = re.compile(r'\s+File "(.*)", line (\d+) in (.*)')
 #: A rank whose set-up takes longer than ``--timeout`` writes its stacks to ``<prefix><pid>.txt`` in the
 #: cluster's folder (ranks on the kernel's host; others to their stderr): a header line
-#: (:func:`setup_dump_header`), then faulthandler's dump of every thread. The kernel names them when it
+#: (:func:`setup_dump_header`), then the main thread's stack as faulthandler writes one (:func:`format_thread`),
+#: again every ``--timeout`` s. The kernel names them when it
 #: gives up waiting (:func:`parse_setup_dump`).
 SETUP_DUMP_PREFIX = "setup-stacks-"
 #: What :func:`summary` says of a rank that runs no cell.
@@ -135,7 +136,7 @@ def where_in_cell(frames: Sequence[Frame]) -> str:
 
 def parse_faulthandler(text: str, main_ident: int) -> list[Frame]:
     """The main thread's frames (innermost first) from a ``faulthandler`` dump of all threads; of the last
-    dump where several were appended (``dump_traceback_later(repeat=True)``).
+    dump where several were appended (a set-up's stacks: one every ``--timeout`` s).
 
     >>> dump = 'Thread 0x0000000000000001 (most recent call first):\\n  File "/tmp/ipykernel_7/1.py", line 2 in <module>\\n'
     >>> parse_faulthandler(dump, 1)
@@ -204,11 +205,21 @@ def format_sample(sample: Sample) -> str:
     >>> parse_sample(format_sample(s)) == s
     True
     """
-    lines = ["Thread 0x0000000000000000 (most recent call first):"]
-    lines += [f'  File "{path}", line {line} in {func}' for path, line, func in sample.frames]
-    if sample.progress is not None:
-        lines.append(format_progress(sample.progress))
-    return "\n".join(lines) + "\n"
+    text = format_thread(0, sample.frames)
+    return text + format_progress(sample.progress) + "\n" if sample.progress is not None else text
+
+
+def format_thread(ident: int, frames: Sequence[Frame]) -> str:
+    """A thread's frames (innermost first) as faulthandler writes them, which :func:`parse_faulthandler` reads.
+
+    >>> print(format_thread(1, [("/tmp/ipykernel_7/1.py", 2, "<module>")]), end="")
+    Thread 0x0000000000000001 (most recent call first):
+      File "/tmp/ipykernel_7/1.py", line 2 in <module>
+    >>> parse_faulthandler(format_thread(1, [("a.py", 2, "f")]), 1)
+    [('a.py', 2, 'f')]
+    """
+    return "".join([f"Thread 0x{ident:016x} (most recent call first):\n",
+                    *(f'  File "{path}", line {line} in {func}\n' for path, line, func in frames)])
 
 
 def parse_sample(text: str) -> Sample:

@@ -78,34 +78,54 @@ def _setup(config: SetupConfig) -> RankInfo:
 
 
 def watch_setup(config: SetupConfig) -> Callable[[], None]:
-    """If this rank's set-up takes longer than ``--timeout``, faulthandler writes every thread's stack, and
+    """If this rank's set-up takes longer than ``--timeout``, a thread writes the main thread's stack, and
     again every ``--timeout`` s (the kernel shows the newest, where the rank was when it gave up waiting),
     where the kernel reads them: ``setup-stacks-<pid>.txt`` in the cluster's folder (ranks on the kernel's
-    host), else this process's stderr (the launcher's output). Returns what ends the watch."""
-    import faulthandler
+    host), else this process's stderr (the launcher's output). Returns what ends the watch.
+
+    The thread reads the frames under the GIL (``sys._current_frames``), which a set-up waiting in MPI, a
+    socket or a process group's store releases. Not ``faulthandler.dump_traceback_later``: its thread reads
+    other threads' frames without the GIL, and crashed a TensorFlow rank whose main thread was importing
+    TensorFlow (SIGSEGV in ``_PyInterpreterFrame_GetLine``, from a core dump; about once in 15 full test runs,
+    with ``--timeout 5``). A set-up stuck in C code that holds the GIL gets no stack (the kernel says so)."""
     import threading
 
-    from jdist.common.stacks import SETUP_DUMP_PREFIX, setup_dump_header
+    from jdist.common.stacks import SETUP_DUMP_PREFIX, format_thread, setup_dump_header
+
+    from .guard import frames_of
 
     work_dir = None if config.get("network") else config.get("work_dir")
     path = os.path.join(work_dir, f"{SETUP_DUMP_PREFIX}{os.getpid()}.txt") if work_dir else None
+    main = threading.main_thread().ident or 0
     try:
         if path:
             from mpi4py import MPI  # the engine's MPI is up: a local question, it cannot wait for others
 
             out = open(path, "w")
-            out.write(setup_dump_header(os.getpid(), threading.main_thread().ident or 0, MPI.COMM_WORLD.Get_rank()))
+            out.write(setup_dump_header(os.getpid(), main, MPI.COMM_WORLD.Get_rank()))
             out.flush()
         elif sys.__stderr__ is not None:
             out = sys.__stderr__
         else:
             return lambda: None
-        faulthandler.dump_traceback_later(float(config.get("timeout", 60)), repeat=True, file=out)
     except Exception:  # no dump is no reason to fail the set-up (whose own steps then say what is wrong)
         return lambda: None
+    done, lock = threading.Event(), threading.Lock()
+
+    def watch() -> None:
+        while not done.wait(float(config.get("timeout", 60))):
+            text = format_thread(main, frames_of(sys._current_frames().get(main)))
+            with lock:
+                if done.is_set():
+                    return
+                out.write(text)
+                out.flush()
+
+    threading.Thread(target=watch, name="jdist-setup-watch", daemon=True).start()
 
     def stop() -> None:
-        faulthandler.cancel_dump_traceback_later()
+        with lock:
+            done.set()
         if path:
             out.close()
             try:

@@ -3,9 +3,10 @@
 Each rank's session owns a :class:`Guard`, installed at set-up:
 
 * **Stacks.** ``faulthandler`` dumps every thread's Python stack to the rank's stack file
-  on ``SIGUSR1``. It runs in the C signal handler, so it works while the rank is blocked
-  inside a C++ collective, even with the GIL held; the kernel reads the file (``%dist stacks``,
-  the stacks of ranks that would not stop).
+  on ``SIGUSR1``. It runs in the C signal handler, so it works even while the main thread holds
+  the GIL in C code; it reads the frames without the GIL, which can crash a process whose threads
+  run Python meanwhile, so the kernel asks for a sample first (below) and sends this signal only to
+  a rank whose sample does not come (``%dist stacks``, the stacks of ranks that would not stop).
 * **Crashes.** A rank that crashes (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: a C extension's fault)
   writes the crashing thread's Python stack first (faulthandler): to ``rank-<r>.crash`` in the cluster's
   folder, or, on another host, to its stderr, which its launcher collects. The kernel shows it with the
@@ -149,7 +150,7 @@ class Guard:
         send it (:meth:`install`'s ``report``)."""
         if self.report is not None:
             try:
-                self.report(format_sample(Sample(_frames(_main_frame()), progress(self.marker))))
+                self.report(format_sample(Sample(frames_of(_main_frame()), progress(self.marker))))
             except Exception:  # no sample is no evidence; this thread must live on for releases
                 pass
             return
@@ -157,7 +158,7 @@ class Guard:
             return
         tmp = self.sample_path.with_name(self.sample_path.name + ".tmp")
         try:
-            sample = Sample(_frames(_main_frame()), progress(self.marker))
+            sample = Sample(frames_of(_main_frame()), progress(self.marker))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(format_sample(sample))
@@ -167,7 +168,7 @@ class Guard:
 
     def where(self) -> str | None:
         """What the main thread waits on, if it waits in a collective (else None)."""
-        return describe(_frames(_main_frame()), self.backward_waits, self.collective_paths)
+        return describe(frames_of(_main_frame()), self.backward_waits, self.collective_paths)
 
     def release(self, reason: str) -> str | None:
         """Break the process group's connections if the main thread waits in a collective.
@@ -299,7 +300,8 @@ def _main_frame() -> FrameType | None:
     return sys._current_frames().get(threading.main_thread().ident or -1)
 
 
-def _frames(frame: FrameType | None) -> list[Frame]:
+def frames_of(frame: FrameType | None) -> list[Frame]:
+    """A frame's stack, innermost first."""
     out = []
     while frame is not None:
         out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))

@@ -8,7 +8,8 @@ options; gforker runs the ranks on one host and listens nowhere. MPI's UCX is ke
 Because the ranks are local processes, this launcher watches them by PID: a thread waits on
 their pidfds and notes which ended first; each engine runs under a small shell that writes its
 own exit status into the cluster's private folder (mpiexec reports one status only, often of a
-rank it killed while cleaning up); stacks are dumped by ``SIGUSR1`` into that folder
+rank it killed while cleaning up); stacks come from samples (``SIGUSR2``: the guard's thread writes the
+main thread's frames into that folder) or, for a rank that does not answer one, are dumped by ``SIGUSR1``
 (faulthandler, see :mod:`jdist.rank.guard`); the kernel's cgroup tells an out-of-memory kill.
 
 What the engines write to their own stdout and stderr (ipyparallel's engine log, C++ messages,
@@ -284,7 +285,19 @@ class LocalMPILauncher(RankLauncher):
         poll_until(lambda: len(self.deaths()) >= len(self._ranks), 1.0, interval=0.01)
 
     def stacks(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, list[Frame]]:
-        """SIGUSR1 by PID; each rank's faulthandler appends its dump to ``rank-<r>.txt`` in the work folder."""
+        """Each rank's sample (:meth:`samples`: its guard's thread reads the main thread's frames under the GIL);
+        for a rank whose sample does not come within half of ``timeout`` (its main thread holds the GIL in C code),
+        SIGUSR1 by PID: its faulthandler appends a dump to ``rank-<r>.txt`` in the work folder. faulthandler
+        reads the frames without the GIL, which is safe only while no other thread runs Python: it crashed ranks
+        whose main thread ran (jdist.rank.bootstrap.watch_setup)."""
+        t0 = time.monotonic()
+        sampled = {r: list(sample.frames) for r, sample in self.samples(ranks, timeout / 2).items() if sample.frames}
+        rest = [info for info in ranks if info["rank"] not in sampled]
+        if rest:
+            sampled.update(self._dumped_stacks(rest, max(0.1, timeout - (time.monotonic() - t0))))
+        return {info["rank"]: sampled.get(info["rank"], []) for info in ranks}
+
+    def _dumped_stacks(self, ranks: Sequence[RankInfo], timeout: float) -> dict[int, list[Frame]]:
         files = {}
         for info in ranks:
             path = self.work_dir / f"rank-{info['rank']}.txt"
