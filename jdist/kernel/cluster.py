@@ -138,8 +138,8 @@ class ClusterSession:
 
         ``progress(message)`` is called with human-readable progress lines. A rank whose process crashes in
         its set-up (a fatal signal: :meth:`RankLauncher.crashed`) is said with where it crashed, and the ranks
-        start once more: a crash in the backend's start can be a one-off (TensorFlow's import, rarely, in
-        full test runs). A second crash fails the start.
+        start once more: a crash in a library's start can be a one-off (a race in C++ code). A second crash
+        fails the start.
         """
         say = progress or (lambda msg: None)
         try:
