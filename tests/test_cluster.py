@@ -303,8 +303,9 @@ def test_a_rank_that_crashes_in_its_set_up_is_named_and_the_ranks_start_once_mor
     stops at once (before, it waited out --timeout and 60 s more, as rank 0 waited in MPI for a rank that ended
     early in its set-up: 90 s here), says the rank, how it ended and where it crashed (its faulthandler report),
     and starts the ranks once more, which now come up. (In full test runs a new TF rank was killed by SIGSEGV in
-    its set-up, about once in 15 runs, where nothing had said why: faulthandler's own dump thread, since replaced
-    by jdist's: test_stacks_are_samples...) A second crash in a row:
+    its set-up, about once in 15 runs, where nothing had said why: faulthandler's set-up dumps, since replaced by
+    a thread of jdist's, which test_a_set_up_that_does_not_end_names_where_each_rank_waits reads.) A second crash in
+    a row:
     test_a_second_crash_in_set_up_fails_the_start_with_both_said."""
     crashes = tmp_path / "crashes"
     crashes.mkdir()
