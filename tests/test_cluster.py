@@ -145,6 +145,20 @@ def test_stacks_are_samples_and_faulthandler_only_for_a_rank_that_holds_the_gil(
     ar.wait(120)
 
 
+def test_a_sample_does_not_fail_a_system_call_in_c_code(cluster):
+    """A watchdog sample (SIGUSR2) while rank 1 waits in C's read() of a pipe: the call goes on (SA_RESTART) and
+    reads what comes 2 s later. Before, it returned -1 with EINTR at the sample, which C code that does not
+    retry takes for an error (Python's own calls retry)."""
+    code = ("import ctypes, os, threading\nr, w = os.pipe()\nthreading.Timer(2, os.write, (w, b'hello')).start()\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(16)\n"
+            "print('reading', flush=True)\ngot = (libc.read(r, buf, 16), ctypes.get_errno())")
+    ar = cluster.execute(code, ranks=[1])
+    wait_for(lambda: "reading" in ar.stdout[0], what="rank 1 about to read")
+    assert cluster.samples([1])[1].frames  # it was sampled while it waited
+    ar.wait(30)
+    assert cluster.pull("got", ranks=[1]) == [(5, 0)]
+
+
 def test_unknown_rank_names_valid_ranks(cluster):
     with pytest.raises(ValueError, match=r"No rank 5.*0\.\.1"):
         cluster.engine_ids([5])

@@ -15,7 +15,8 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
   main thread's frames (read under the GIL, which a collective releases) and the rank's
   progress counters (process CPU time, the collectives its process group has started). The
   hang watchdog compares two samples to tell a blocked rank from a busy one. Reading frames
-  under the GIL is safe at any rate; faulthandler's dump from a signal handler is not.
+  under the GIL is safe at any rate; faulthandler's dump from a signal handler is not. A system
+  call the signal interrupts restarts (SA_RESTART), so C code that does not retry on EINTR goes on.
 * **Release.** A blocked gloo collective ignores SIGINT: Python only runs the handler once
   the C++ call returns. The guard therefore watches signals through the interpreter's
   wakeup fd, which the C handler writes at once, from a thread of its own. When SIGINT
@@ -92,6 +93,9 @@ class Guard:
             # a Python-level handler makes the signal reach the wakeup fd, so the guard's
             # thread sees it; the default action would end the process
             signal.signal(SAMPLE_SIGNAL, _ignore)
+            # and a system call it interrupts restarts (SA_RESTART) instead of failing with EINTR: C code that
+            # reads a pipe or socket without retrying failed at the watchdog's first sample (measured)
+            signal.siginterrupt(SAMPLE_SIGNAL, False)
         if stacks_dir:
             path = Path(stacks_dir) / f"rank-{rank}.txt"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
