@@ -75,6 +75,19 @@ REMOTE_WRAPPER = engine_shell(
     after=SHM_CLEANUP + '; echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code',
 )
 EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
+
+
+def _first_exit(output: str) -> tuple[int, int] | None:
+    """The rank and exit status of the first exit line in the launcher's ``output`` (hydra and srun end the other
+    ranks after it).
+
+    >>> _first_exit("hello\\njdist-rank-exit 1 139\\njdist-rank-exit 0 143\\n"), _first_exit("hello")
+    ((1, 139), None)
+    """
+    m = EXIT_LINE.search(output.encode())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 #: A remote engine ends itself after this many missed controller heartbeats (each check waits the
 #: controller's period + 0.5 s: 10 x 0.7 s = 7 s after the controller is gone, while it is idle).
 ENGINE_HEARTBEAT_MISSES = 10
@@ -254,15 +267,13 @@ class RemoteMPILauncher(RankLauncher):
             return None
         poll_until(lambda: self.output().strip(), 1.0)  # ipyparallel writes what it printed last a moment later
         output = self.output()
-        first = EXIT_LINE.search(output.encode())  # the first rank that ended: hydra and srun end the others
-        ended = f"rank {int(first.group(1))} {how_it_ended(int(first.group(2)))} {when}\n" if first else ""
+        first = _first_exit(output)
+        ended = f"rank {first[0]} {how_it_ended(first[1])} {when}\n" if first else ""
         return ended + (output.strip()[-3000:] or "(no output)")
 
     def crashed(self) -> bool:
-        """Whether the first rank whose exit line came back was killed by a crash signal (hydra and srun end the
-        others after it)."""
-        first = EXIT_LINE.search(self.output().encode())
-        return first is not None and int(first.group(2)) - 128 in CRASH_SIGNALS
+        first = _first_exit(self.output())
+        return first is not None and first[1] - 128 in CRASH_SIGNALS
 
     # -- while the ranks run ----------------------------------------------------------------
     def attach_client(self, client: Any, engine_of_rank: dict[int, int]) -> None:
