@@ -51,7 +51,7 @@ def train(args, rank):
         if rank == 1 and step == args.fail_at:
             raise ValueError(f"loss went bad at step {step}")
         if rank == 1 and step == args.abort_at:  # as a C++ library would (no core file)
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); os.abort()
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); os.write(2, b"fatal: CXX last words\\n"); os.abort()
         time.sleep(args.sleep)
 def main():
     args = p.parse_args()
@@ -151,6 +151,8 @@ def test_exits_killed_ranks_and_hangs_have_their_own_codes(work):
     out = jdist("run", "-n", "2", "train.py", "--steps", "50", "--abort-at", "2", "--sleep", "0.02")
     assert out.returncode == 128 + 6, out.stderr
     assert "rank 1 died: killed by SIGABRT" in out.stderr, out.stderr
+    assert ("Rank 1's last output on stderr, not shown before it died:\n  fatal: CXX last words\n"
+            "Rank 1 crashed (Fatal Python error: Aborted)") in out.stderr, out.stderr
     crash = out.stderr.split("Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:\n")[-1]
     assert [line.rsplit("/", 1)[-1] for line in crash.splitlines()[:3]] == [  # the script's frames, outermost first
         'train.py", line 33, in <module>', 'train.py", line 27, in main', 'train.py", line 21, in train'], out.stderr

@@ -330,6 +330,7 @@ def test_a_rank_that_crashes_in_its_set_up_is_named_and_the_ranks_start_once_mor
         f"        if sys._getframe(1).f_code.co_name == 'watch_owner' and not os.listdir({str(crashes)!r}):\n"
         f"            open(os.path.join({str(crashes)!r}, 'once'), 'w').close()  # the set-up's last step, once\n"
         "            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
+        "            os.write(2, b'fatal: last words\\n')\n"
         "            os.abort()\n"
         "        return lookup()\n"
         "    socket.gethostname = gone\n")
@@ -341,9 +342,11 @@ def test_a_rank_that_crashes_in_its_set_up_is_named_and_the_ranks_start_once_mor
         retries = [line.splitlines() for line in said if "Starting the ranks once more" in line]
         assert len(retries) == 1, said
         lines = retries[0]
-        assert lines[:2] == ["rank 1 was killed by SIGABRT (Aborted) during its set-up",
+        assert lines[:4] == ["rank 1 was killed by SIGABRT (Aborted) during its set-up",
+                             "Rank 1's last output on stderr, not shown before it died:", "  fatal: last words",
                              "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:"], lines
         assert lines[-3].endswith(", in watch_owner") and lines[-2].endswith(", in gone"), lines
+        assert lines[4].endswith(", in __call__") and "ipyparallel" not in "\n".join(lines), lines  # from jdist's in
         assert lines[-1] == ("Starting the ranks once more: a crash in their set-up can be a one-off (a second one "
                              "fails the start)..."), lines  # the ranks' output comes with a failed start only
         assert said[-1].startswith("Ready: 2 rank(s)"), said

@@ -216,14 +216,18 @@ def test_a_dead_rank_is_named_and_auto_restart_restores_the_checkpoint(faults, t
         "%%distributed --auto-restart\nimport resource\nfor step in range(1, 1000):\n"
         f"    {STEP}\n    jdist.log(step=step, loss=loss.item())\n"
         "    if step == 12 and rank == 1:\n        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-        "        os.abort()\n    time.sleep(0.02)",
+        "        os.write(2, b'terminate called after throwing an instance of c10::Error\\n'); os.abort()\n"
+        "    time.sleep(0.02)",
         allow_error=True, timeout=200,
     )
     tb = out.traceback
     assert "rank 1 died: killed by SIGABRT (Aborted)" in tb, tb
-    # where it crashed: its faulthandler report, from the rank's crash file (an exit code alone: test_deepspeed.py)
-    assert "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:\n  cell line 7, in <module>\n" \
-        in strip_ansi(tb), tb
+    # what it wrote to fd 2 just before (it died with ipykernel's pipe before), and where it crashed: its
+    # faulthandler report, from the rank's crash file (an exit code alone: test_deepspeed.py)
+    assert ("Rank 1's last output on stderr, not shown before it died:\n"
+            "  terminate called after throwing an instance of c10::Error\n"
+            "Rank 1 crashed (Fatal Python error: Aborted) here, innermost call last:\n  cell line 7, in <module>\n"
+            ) in strip_ansi(tb), tb
     assert "Restarted 2 rank(s)" in tb and "set-up cell(s); restored" in tb and "(step 10) into model, opt" in tb, tb
     out = faults.run("%%distributed\nprint(jdist.restored_step(), kept)\nw = model.module.weight.detach().clone()")
     assert out.stdout.strip() == "10 100"

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from jdist.common.last_words import from_output
 from jdist.errors import ClusterError
 from jdist.kernel.launch.remote import REMOTE_WRAPPER, SlurmLauncher, SSHLauncher
 from jdist.plugins import option_table
@@ -36,6 +37,21 @@ def test_the_shell_reports_the_exit_status_and_removes_the_noted_segments_after_
     assert out.returncode == 137
     assert out.stdout.strip().splitlines()[-1] == "jdist-rank-exit 3 137"
     assert not segment.exists() and not list(tmp_path.glob("jdist-shm-*"))
+
+
+def test_the_shell_prints_what_the_rank_had_not_forwarded_before_the_exit_line_and_removes_its_file(tmp_path):
+    # the rank's fd 2 goes to a file of its host (jdist/rank/stderr.py); what was not forwarded when it died
+    # comes back in the launcher's output, each line marked with the rank
+    code = ("import os, types; from jdist.rank import stderr; got = []\n"
+            "s = types.SimpleNamespace(_should_watch=True, write=got.append, flush=lambda: None)\n"
+            "assert stderr.capture(stream=s); os.write(2, b'sent\\n'); s.flush(); assert got == ['sent\\n']\n"
+            "os.write(2, b'terminate called after throwing an instance of X\\n  what():  boom\\n'); os.abort()")
+    out = wrapped(tmp_path, code)
+    assert out.returncode == 134, out
+    assert out.stdout.splitlines()[-3:] == ["jdist-rank-stderr 3 terminate called after throwing an instance of X",
+                                            "jdist-rank-stderr 3   what():  boom", "jdist-rank-exit 3 134"], out
+    assert from_output(out.stdout, 3) == "terminate called after throwing an instance of X\n  what():  boom"
+    assert not list(tmp_path.glob("jdist-stderr-*"))
 
 
 def test_the_shell_reports_a_normal_exit(tmp_path):
@@ -167,6 +183,7 @@ def test_segments_are_removed_when_the_launcher_kills_the_whole_process_group(tm
     segment = tmp_path / "mpich_shm_test_1"
     segment.write_text("x")
     code = ("import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
+            "open(os.environ['JDIST_STDERR_FILE'], 'w').close(); "
             "print('noted', flush=True); time.sleep(60)" % str(segment))
     env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
@@ -176,9 +193,9 @@ def test_segments_are_removed_when_the_launcher_kills_the_whole_process_group(tm
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
         deadline = time.monotonic() + 5
-        while segment.exists() and time.monotonic() < deadline:
+        while (segment.exists() or list(tmp_path.glob("jdist-stderr-*"))) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not segment.exists()
+        assert not segment.exists() and not list(tmp_path.glob("jdist-stderr-*"))  # the rank's stderr file too
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -37,6 +37,8 @@ SAMPLE_SIGNAL = signal.SIGUSR2
 COLLECTIVE_PATHS: tuple[str, ...] = ("/torch/distributed/",)
 #: Cell code on an ipykernel engine is compiled from files like /tmp/ipykernel_<pid>/<hash>.py.
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-|<%%distributed cell>)")
+#: jdist's own code on a rank: a call from the kernel enters it at ``jdist/protocol.py`` (``RankCall``).
+_JDIST_ON_RANK = re.compile(r"/jdist/(rank/|protocol\.py$)")
 _FRAME_LINE = re.compile(r'\s+File "(.*)", line (\d+) in (.*)')
 #: A rank whose set-up takes longer than ``--timeout`` writes its stacks to ``<prefix><pid>.txt`` in the
 #: cluster's folder (ranks on the kernel's host; others to their stderr): a header line
@@ -331,18 +333,25 @@ def parse_crash(text: str) -> tuple[str, list[Frame]] | None:
 
 def user_frames(frames: Sequence[Frame], most: int = 12) -> list[Frame]:
     """The frames from a cell's (or ``%run`` script's) outermost frame in, without IPython's and the engine's
-    around them; else the innermost ``most``.
+    around them; else from jdist's outermost frame on the rank in (a set-up, a call from the kernel); of those,
+    the innermost ``most``.
 
     >>> frames = [("/v/ctypes/__init__.py", 519, "string_at"), ("/tmp/ipykernel_7/2.py", 3, "crash"),
     ...           ("/tmp/ipykernel_7/2.py", 5, "<module>"), ("/v/IPython/core/interactiveshell.py", 3577, "run_code")]
     >>> [func for _, _, func in user_frames(frames)]
     ['string_at', 'crash', '<module>']
+    >>> [func for _, _, func in user_frames([("/v/jdist/rank/process.py", 9, "watch_owner"),
+    ...     ("/v/jdist/protocol.py", 70, "__call__"), ("/v/ipyparallel/engine/kernel.py", 117, "apply_request")])]
+    ['watch_owner', '__call__']
     """
     for i, (path, _, func) in enumerate(frames):
         if _runs_a_script(path, func) and i > 0:  # the script of a %run (jdist run)
             return list(frames[:i])
     cells = [i for i, (path, _, _) in enumerate(frames) if _CELL_FILE.search(path)]
-    return list(frames[:cells[-1] + 1]) if cells else list(frames[:most])
+    if cells:
+        return list(frames[:cells[-1] + 1])
+    ours = [i for i, (path, _, _) in enumerate(frames) if _JDIST_ON_RANK.search(path.replace("\\", "/"))]
+    return list(frames[:ours[-1] + 1][:most]) if ours else list(frames[:most])
 
 
 def crash_lines(rank: int | None, text: str) -> list[str]:

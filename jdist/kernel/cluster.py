@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jdist.common.controller import engine_states
+from jdist.common.last_words import lines_of
 from jdist.common.stacks import SETUP_DUMP_PREFIX, Frame, Sample, crash_lines, format_stack, parse_setup_dump
 from jdist.common.waiting import poll_until
 from jdist.errors import ClusterError
@@ -332,8 +333,9 @@ class ClusterSession:
         assert self.launcher is not None
         lines = text.splitlines()
         head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
-        crashes = [line for rank, report in sorted(self.launcher.crash_reports().items(), key=lambda kv: kv[0] or 0)
-                   for line in crash_lines(rank, report)]
+        launcher = self.launcher
+        crashes = [line for rank, report in sorted(launcher.crash_reports().items(), key=lambda kv: kv[0] or 0)
+                   for line in [*lines_of(rank, launcher.last_words(rank)), *crash_lines(rank, report)]]
         return [*head, *crashes, _SETUP_OUTPUT, *lines[len(head):][-SETUP_OUTPUT_LINES:]]
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:

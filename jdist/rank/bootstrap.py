@@ -45,6 +45,9 @@ class World:
 
 def setup(config: SetupConfig) -> RankInfo:
     """Initialise this engine as one rank; returns its :class:`RankInfo` (see the module doc)."""
+    from .stderr import capture
+
+    capture()  # fd 2 through a file: a library's last words before a crash are not lost (jdist.common.last_words)
     stop_watch = watch_setup(config)
     try:
         return _setup(config)

@@ -37,14 +37,16 @@ from jdist.protocol import NetworkPlan, RankInfo
 @dataclass(frozen=True)
 class RankDeath:
     """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), what the
-    launcher printed (its last lines), the process's exit status (128+N: signal N; None: unknown)
-    and the text holding its crash report, if it crashed (:func:`jdist.common.stacks.parse_crash`)."""
+    launcher printed (its last lines), the process's exit status (128+N: signal N; None: unknown),
+    the text holding its crash report, if it crashed (:func:`jdist.common.stacks.parse_crash`), and its
+    last words: what it wrote to fd 2 that the notebook did not get (:mod:`jdist.common.last_words`)."""
 
     rank: int | None
     cause: str
     detail: str = ""
     exit_code: int | None = None
     crash: str = ""
+    last_words: str = ""
 
 
 class RankLauncher(ABC):
@@ -122,12 +124,22 @@ class RankLauncher(ABC):
         self.ipp = ipp_cluster
 
     def engine_launchers(self) -> list[Any]:
-        return list((self.ipp.engines or {}).values()) if self.ipp is not None else []
+        """The running Cluster's engine launchers (ipyparallel drops one once it has stopped)."""
+        launchers = list((self.ipp.engines or {}).values()) if self.ipp is not None else []
+        seen = self.__dict__.setdefault("_launchers_seen", [])
+        seen.extend(el for el in launchers if el not in seen)
+        return launchers
+
+    def output_launchers(self) -> list[Any]:
+        """Every engine launcher this cluster had, stopped ones too: what a rank printed before it died is read
+        after its launcher ended, when ipyparallel has dropped it and moved its output file into memory."""
+        self.engine_launchers()
+        return list(self.__dict__["_launchers_seen"])
 
     def output(self) -> str:
         """What the engine launchers printed so far (for error messages)."""
         text = ""
-        for launcher in self.engine_launchers():
+        for launcher in self.output_launchers():
             try:
                 text += launcher.get_output(remove=False)
             except Exception:  # only detail for a message: never hide the error it explains
@@ -142,14 +154,20 @@ class RankLauncher(ABC):
     def engine_launcher_ended(self) -> bool:
         """Whether an engine launcher process (mpiexec, srun...) has ended. Asked of the process
         itself: ipyparallel's ``on_stop`` callbacks run on the kernel's IOLoop, which does not run
-        while a cell blocks the main thread (nor in a script without a loop)."""
+        while a cell blocks the main thread (nor in a script without a loop); once they have run, the
+        launcher is no longer the Cluster's (:meth:`output_launchers` has it)."""
         return any(el.state == "after" or not popen_alive(getattr(el, "process", None))
-                   for el in self.engine_launchers())
+                   for el in self.output_launchers())
 
     def crash_reports(self) -> dict[int | None, str]:
         """The text holding each crashed rank's crash report (faulthandler's: :mod:`jdist.rank.guard`), by rank;
         the key None: the reports of ranks that write them into the launcher's output (other hosts)."""
         return {}
+
+    def last_words(self, rank: int | None) -> str:
+        """What ``rank`` wrote to its stderr (fd 2) that the notebook had not got when it ended: the last lines
+        (:mod:`jdist.common.last_words`); "" if none, or where the launcher cannot tell (the base class)."""
+        return ""
 
     @abstractmethod
     def exited_early(self, when: str = "before it registered") -> str | None:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, unshown
 from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
 from jdist.common.stacks import (CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler,
                                  parse_sample)
@@ -52,7 +53,8 @@ OUTPUT_ENV = "JDIST_ENGINE_OUTPUT"
 #: (appending, as mpiexec does; not through gforker's pipes: see the module doc) and records the
 #: rank's own exit status in the cluster's folder.
 RANK_WRAPPER = engine_shell(
-    before=f'if [ -n "${OUTPUT_ENV}" ]; then exec >>"${OUTPUT_ENV}" 2>&1; fi; unset {OUTPUT_ENV}; ',
+    before=(f'if [ -n "${OUTPUT_ENV}" ]; then exec >>"${OUTPUT_ENV}" 2>&1; fi; unset {OUTPUT_ENV}; '
+            f'{STDERR_ENV}={{stderr_file}}; export {STDERR_ENV}; rm -f "${STDERR_ENV}" "${STDERR_ENV}{POS_SUFFIX}"; '),
     after="echo $code > {exit_file}; exit $code")
 
 
@@ -144,9 +146,11 @@ class LocalMPILauncher(RankLauncher):
         # mpiexec reports only one exit status, often of a rank it killed while cleaning up:
         # a shell around each engine writes the rank's own status (128+N: killed by signal N).
         # mpiexec signals only its direct children (these shells): they pass signals on.
+        # It also names the file the rank's fd 2 goes to (jdist.common.last_words), read here if the rank dies.
         exit_file = shlex.quote(str(self.work_dir)) + '/exit-"${PMI_RANK:-unknown}"'
+        stderr_file = shlex.quote(str(self.work_dir)) + '/stderr-"${PMI_RANK:-unknown}"'
         ipp_config.MPIEngineSetLauncher.engine_cmd = [
-            "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file), "jdist-rank",
+            "/bin/sh", "-c", RANK_WRAPPER.format(exit_file=exit_file, stderr_file=stderr_file), "jdist-rank",
             sys.executable, *engine_argv(backend_spec(self.config.backend).preimport),
         ]
 
@@ -258,7 +262,13 @@ class LocalMPILauncher(RankLauncher):
         oom_now = oom_kills()
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
         crash = self.crash_reports().get(first, "")
-        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash)
+        return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash,
+                         self.last_words(first))
+
+    def last_words(self, rank: int | None) -> str:
+        """What the shell around the rank's engine named as its fd 2 (``stderr-<r>`` in the work folder) holds
+        past what the rank forwarded."""
+        return unshown(str(self.work_dir / f"stderr-{rank}")) if rank is not None else ""
 
     def crash_reports(self) -> dict[int | None, str]:
         """Each rank's crash file (``rank-<r>.crash`` in the work folder) that is not empty."""

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, UNSHOWN_SH, from_output
 from jdist.common.network import (
     address_of,
     interface_of,
@@ -65,16 +66,37 @@ from .mpi import (CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher
 #: are removed after the engine ended, however it ended: a leftover segment with the name a later
 #: job picks makes that job fail in ``MPI_Init``. hydra ends the survivors of a dead rank by
 #: killing their whole process group (this shell too), so a watcher in a session of its own
-#: removes them (it ends with the engine, within 0.2 s).
+#: removes them (it ends with the engine, within 0.2 s), and the rank's stderr file once this shell is gone.
 SHM_CLEANUP = ('if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
                'rm -f "$JDIST_SHM_NOTE"; fi')
+#: The rank's fd 2 goes to a file of its host (:mod:`jdist.common.last_words`): what it had not forwarded when
+#: it ended comes back as ``jdist-rank-stderr <rank> <line>`` lines before the exit line.
 REMOTE_WRAPPER = engine_shell(
-    before='JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; ',
+    before=('JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; '
+            f'{STDERR_ENV}="${{TMPDIR:-/tmp}}/jdist-stderr-$$"; export {STDERR_ENV}; '),
     started=("setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
-             + "' jdist-shm-watch $child </dev/null >/dev/null 2>&1 & "),
-    after=SHM_CLEANUP + '; echo "jdist-rank-exit ${PMI_RANK:-${SLURM_PROCID:--1}} $code"; exit $code',
+             + "; while kill -0 $2 2>/dev/null; do sleep 0.2; done; "
+             + f"rm -f \"${STDERR_ENV}\" \"${STDERR_ENV}{POS_SUFFIX}\""
+             + "' jdist-shm-watch $child $$ </dev/null >/dev/null 2>&1 & "),
+    after=(SHM_CLEANUP + '; rank=${PMI_RANK:-${SLURM_PROCID:--1}}; ' + UNSHOWN_SH
+           + '; echo "jdist-rank-exit $rank $code"; exit $code'),
 )
 EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
+
+
+def _output_of(launcher: Any, start: int = 0) -> bytes:
+    """An engine launcher's output from byte ``start``: its file, or, once ipyparallel has stopped it (and
+    moved the file into memory), what it kept."""
+    path = getattr(launcher, "output_file", None)
+    try:
+        with open(path or "", "rb") as f:
+            f.seek(start)
+            return f.read()
+    except OSError:
+        try:
+            return launcher.get_output(remove=False).encode()[start:]
+        except Exception:  # only detail for a message
+            return b""
 
 
 def _first_exit(output: str) -> tuple[int, int] | None:
@@ -252,15 +274,7 @@ class RemoteMPILauncher(RankLauncher):
     def output(self) -> str:
         """What the launcher printed so far (ranks' stdout/stderr, hydra's or srun's messages), read
         from its output file every time (ipyparallel's ``get_output`` keeps its first reading)."""
-        out = b""
-        for launcher in self.engine_launchers():
-            path = getattr(launcher, "output_file", None)
-            if path:
-                try:
-                    out += Path(path).read_bytes()
-                except OSError:
-                    pass
-        return out.decode("utf-8", "replace")
+        return b"".join(map(_output_of, self.output_launchers())).decode("utf-8", "replace")
 
     def exited_early(self, when: str = "before it registered") -> str | None:
         if not self.engine_launcher_ended():
@@ -285,22 +299,12 @@ class RemoteMPILauncher(RankLauncher):
         self._exits, self._read, self._all_ended = {}, 0, False
 
     def _scan(self) -> None:
-        for launcher in self.engine_launchers():
-            path = getattr(launcher, "output_file", None)
-            if not path:
-                continue
-            try:
-                size = os.stat(path).st_size
-                if size > self._read:
-                    with open(path, "rb") as f:
-                        f.seek(self._read)
-                        chunk = f.read(size - self._read)
-                    cut = chunk.rfind(b"\n") + 1  # whole lines only
-                    self._read += cut
-                    for m in EXIT_LINE.finditer(chunk[:cut]):
-                        self._exits.setdefault(int(m.group(1)), int(m.group(2)))
-            except OSError:
-                pass
+        for launcher in self.output_launchers():
+            chunk = _output_of(launcher, self._read)
+            cut = chunk.rfind(b"\n") + 1  # whole lines only
+            self._read += cut
+            for m in EXIT_LINE.finditer(chunk[:cut]):
+                self._exits.setdefault(int(m.group(1)), int(m.group(2)))
         if self.engine_launcher_ended():
             self._all_ended = True
 
@@ -334,7 +338,11 @@ class RemoteMPILauncher(RankLauncher):
         if host:
             cause += f" on host {host}"
         text = self.output().strip()
-        return RankDeath(first, cause, text[-2000:], code, crash=text)
+        return RankDeath(first, cause, text[-2000:], code, crash=text, last_words=self.last_words(first))
+
+    def last_words(self, rank: int | None) -> str:
+        """The ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed after it ended."""
+        return from_output(self.output(), rank)
 
     def crash_reports(self) -> dict[int | None, str]:
         """The ranks here write their crash reports to stderr: the launcher's output, all ranks together."""

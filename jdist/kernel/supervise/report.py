@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from jdist.common.last_words import lines_of
 from jdist.common.stacks import crash_lines
 from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
@@ -148,6 +149,7 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         raise RankDied(
             f"rank {d.rank} died: {d.cause}. MPI ended the other rank(s) too "
             f"(detected after {result.elapsed_s:.1f} s).",
+            *lines_of(d.rank, d.last_words),
             *crash_lines(d.rank, d.crash),
             *(extra or [f"Run {frontend.restart} to start fresh ranks: it replays the set-up cells and restores the "
                         "newest checkpoint of jdist.checkpoint_every, if there is one; other variables are lost."]
