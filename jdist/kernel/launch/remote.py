@@ -110,6 +110,8 @@ def _first_exit(output: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+#: How long a launcher may take to end the job by itself once a rank's exit line came back (s).
+EXITED_GRACE_S = 0.5
 #: A remote engine ends itself after this many missed controller heartbeats (each check waits the
 #: controller's period + 0.5 s: 10 x 0.7 s = 7 s after the controller is gone, while it is idle).
 ENGINE_HEARTBEAT_MISSES = 10
@@ -316,15 +318,18 @@ class RemoteMPILauncher(RankLauncher):
         return dead
 
     def death(self, dead: Sequence[int], wait: float = 2.0) -> RankDeath:
-        """The first rank whose exit line came back, and its status. The launcher ends the job
-        (hydra at once, srun with --kill-on-bad-exit); after ``wait`` s it is told to."""
+        """The first rank whose exit line came back, and its status. The launcher ends the job (hydra, srun
+        with --kill-on-bad-exit); if it has not after ``wait`` s, or :data:`EXITED_GRACE_S` once the rank's exit
+        line is here, it is told to. (hydra waits for the dead engine's nanny, which holds its output open
+        while it tells the controller: 2 s and more on the two-node bed.)"""
         first = dead[0] if dead else None
 
         def ended() -> bool:
             self._scan()
             return self._all_ended
 
-        if not poll_until(ended, wait):
+        self._scan()
+        if not poll_until(ended, min(wait, EXITED_GRACE_S) if first in self._exits else wait):
             for launcher in self.engine_launchers():
                 try:
                     launcher.signal(signal.SIGTERM)
