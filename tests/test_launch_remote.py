@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from jdist.common.last_words import from_output
+from jdist.common.last_words import from_output, split_report
+from jdist.common.stacks import crash_lines
 from jdist.errors import ClusterError
 from jdist.kernel.launch.remote import REMOTE_WRAPPER, SlurmLauncher, SSHLauncher
 from jdist.plugins import option_table
@@ -45,13 +46,35 @@ def test_the_shell_prints_what_the_rank_had_not_forwarded_before_the_exit_line_a
     code = ("import os, types; from jdist.rank import stderr; got = []\n"
             "s = types.SimpleNamespace(_should_watch=True, write=got.append, flush=lambda: None)\n"
             "assert stderr.capture(stream=s); os.write(2, b'sent\\n'); s.flush(); assert got == ['sent\\n']\n"
+            "import faulthandler; faulthandler.enable(file=2)  # as the guard does when fd 2 is the file\n"
             "os.write(2, b'terminate called after throwing an instance of X\\n  what():  boom\\n'); os.abort()")
     out = wrapped(tmp_path, code)
     assert out.returncode == 134, out
-    assert out.stdout.splitlines()[-3:] == ["jdist-rank-stderr 3 terminate called after throwing an instance of X",
-                                            "jdist-rank-stderr 3   what():  boom", "jdist-rank-exit 3 134"], out
-    assert from_output(out.stdout, 3) == "terminate called after throwing an instance of X\n  what():  boom"
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "jdist-rank-exit 3 134" and all(line.startswith("jdist-rank-stderr 3") for line in lines[:-1])
+    assert lines[:3] == ["jdist-rank-stderr 3 terminate called after throwing an instance of X",
+                         "jdist-rank-stderr 3   what():  boom", "jdist-rank-stderr 3 Fatal Python error: Aborted"], out
+    words, report = split_report(from_output(out.stdout)[3])
+    assert words == "terminate called after throwing an instance of X\n  what():  boom"
+    assert crash_lines(3, report)[0] == "Rank 3 crashed (Fatal Python error: Aborted) here, innermost call last:"
     assert not list(tmp_path.glob("jdist-stderr-*"))
+
+
+def test_each_remote_rank_has_its_own_last_words_and_crash_report(tmp_path):
+    # two ranks crashed (each shell printed its rank's lines); before, their reports shared the output
+    report = "Fatal Python error: Segmentation fault\n\nStack (most recent call first):\n  File \"/x/{f}.py\", line 1 in f\n"
+    text = "".join(f"jdist-rank-stderr {rank} {line}\n" for rank, words in ((1, "one"), (0, "zero"))
+                   for line in [f"{words} said", *report.format(f=words).splitlines()])
+    launcher, proc = launcher_with_output(tmp_path, (text + "jdist-rank-exit 1 139\njdist-rank-exit 0 139\n").encode())
+    try:
+        reports = launcher.crash_reports()
+        assert sorted(reports) == [0, 1] and "/x/one.py" in reports[1] and "/x/zero.py" in reports[0]
+        assert launcher.last_words(1) == "one said" and launcher.last_words(0) == "zero said"
+        death = launcher.death([1], wait=0.2)
+        assert death.last_words == "one said" and "/x/one.py" in death.crash and "zero" not in death.crash
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_shell_reports_a_normal_exit(tmp_path):

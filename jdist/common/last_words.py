@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 
 #: The environment variable naming the file a rank's fd 2 goes to (set by the shell around its engine).
 STDERR_ENV = "JDIST_STDERR_FILE"
@@ -29,17 +30,22 @@ STDERR_ENV = "JDIST_STDERR_FILE"
 POS_SUFFIX = ".pos"
 #: Lines of a remote rank's last words in its launcher's output: ``jdist-rank-stderr <rank> <line>``.
 LINE_PREFIX = "jdist-rank-stderr"
-#: At most this many of the last lines not forwarded are kept (a library's fatal message is its last lines).
+#: At most this many of the last lines not forwarded are shown (a library's fatal message is its last lines).
 MAX_LINES = 20
 MAX_BYTES = 8000
+#: What the shell around a remote engine prints at most: the last words and the crash report that follows them
+#: there (faulthandler's, when the rank crashed: :func:`split_report`).
+SHELL_BYTES = 16000
 
-#: ``/bin/sh`` text for the shell around a remote engine, after the engine ended: prints the last lines it
-#: had not forwarded, each as ``jdist-rank-stderr <rank> <line>``, then removes the files. ``$rank`` must be set.
+#: ``/bin/sh`` text for the shell around a remote engine, after the engine ended: prints what the rank had not
+#: forwarded (its last :data:`SHELL_BYTES`), each line as ``jdist-rank-stderr <rank> <line>``, then removes the
+#: files. ``$rank`` must be set.
 UNSHOWN_SH = (
     f'f="${STDERR_ENV}"; if [ -s "$f" ]; then p=$(cat "$f{POS_SUFFIX}" 2>/dev/null); '
-    f'tail -c +$(( ${{p:-0}} + 1 )) "$f" | tail -c {MAX_BYTES} | tail -n {MAX_LINES} '
+    f'tail -c +$(( ${{p:-0}} + 1 )) "$f" | tail -c {SHELL_BYTES} '
     f'| sed "s/^/{LINE_PREFIX} $rank /"; fi; rm -f "$f" "$f{POS_SUFFIX}"'
 )
+_FATAL = re.compile(r"^Fatal Python error: ", re.M)
 
 
 def write_pos(path: str, sent: int, fd: int | None = None) -> None:
@@ -83,16 +89,28 @@ def last_lines(text: str) -> str:
     return "\n".join(lines[-MAX_LINES:])
 
 
-def from_output(output: str, rank: int | None) -> str:
-    """A remote rank's last words, from its launcher's ``output`` (the lines :data:`UNSHOWN_SH` printed).
+def from_output(output: str) -> dict[int, str]:
+    """What each remote rank had not forwarded, from its launcher's ``output`` (the lines :data:`UNSHOWN_SH`
+    printed), by rank.
 
-    >>> from_output("x\\njdist-rank-stderr 1 boom\\njdist-rank-stderr 0 other\\njdist-rank-stderr 1 abort\\n", 1)
-    'boom\\nabort'
+    >>> from_output("x\\njdist-rank-stderr 1 boom\\njdist-rank-stderr 0 other\\njdist-rank-stderr 1 abort\\n")
+    {1: 'boom\\nabort', 0: 'other'}
     """
-    if rank is None:
-        return ""
-    mark = f"{LINE_PREFIX} {rank} "
-    return "\n".join(line[len(mark):].rstrip() for line in output.splitlines() if line.startswith(mark))
+    lines: dict[int, list[str]] = {}
+    for m in re.finditer(rf"^{LINE_PREFIX} (-?\d+) ?(.*)$", output, re.M):
+        lines.setdefault(int(m.group(1)), []).append(m.group(2).rstrip())
+    return {rank: "\n".join(text) for rank, text in lines.items()}
+
+
+def split_report(text: str) -> tuple[str, str]:
+    """A rank's unforwarded stderr as its last words (:func:`last_lines`) and the crash report faulthandler wrote
+    after them ("" if it did not crash).
+
+    >>> split_report("bye\\nFatal Python error: Aborted\\n\\nStack (most recent call first):\\n  <no Python frame>")
+    ('bye', 'Fatal Python error: Aborted\\n\\nStack (most recent call first):\\n  <no Python frame>')
+    """
+    m = _FATAL.search(text)
+    return (last_lines(text), "") if m is None else (last_lines(text[:m.start()]), text[m.start():])
 
 
 def lines_of(rank: int | None, text: str) -> list[str]:

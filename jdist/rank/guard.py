@@ -9,8 +9,8 @@ Each rank's session owns a :class:`Guard`, installed at set-up:
   a rank whose sample does not come (``%dist stacks``, the stacks of ranks that would not stop).
 * **Crashes.** A rank that crashes (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL: a C extension's fault)
   writes the crashing thread's Python stack first (faulthandler): to ``rank-<r>.crash`` in the cluster's
-  folder, or, on another host, to its stderr, which its launcher collects. The kernel shows it with the
-  rank's death.
+  folder, or, on another host, to its stderr file, which the shell around it prints with its rank into the
+  launcher's output once it ended (:mod:`jdist.common.last_words`). The kernel shows it with the rank's death.
 * **Samples.** On ``SIGUSR2`` the guard's thread writes a :class:`jdist.common.stacks.Sample`: the
   main thread's frames (read under the GIL, which a collective releases) and the rank's
   progress counters (process CPU time, the collectives its process group has started). The
@@ -110,7 +110,8 @@ class Guard:
 
     def _enable_crash_reports(self, rank: int, stacks_dir: str | None) -> None:
         """On a fatal signal, faulthandler writes the crashing thread's stack (then the signal ends the process as
-        before): to the rank's crash file, or to the process's own stderr. (An engine's ``sys.stderr`` forwards fd 2
+        before): to the rank's crash file, or to its stderr file (:mod:`jdist.rank.stderr`), or to the process's
+        own stderr. (An engine's ``sys.stderr`` forwards fd 2
         through a pipe that a thread of the process reads, which dies with it; its ``fileno()`` is the original.)"""
         if stacks_dir:
             fd = os.open(Path(stacks_dir) / CRASH_FILE.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -118,6 +119,11 @@ class Guard:
             faulthandler.enable(file=self.crash_file, all_threads=False)
             if old is not None:
                 old.close()
+            return
+        from .stderr import capturing
+
+        if capturing():  # fd 2 is the rank's file, which the shell around it prints with its rank after it ended
+            faulthandler.enable(file=2, all_threads=False)
             return
         for stream in (sys.stderr, sys.__stderr__):
             try:

@@ -49,6 +49,11 @@ def capture(path: str | None = None, stream: Any = None) -> bool:
     return True
 
 
+def capturing() -> bool:
+    """Whether fd 2 goes to the file (:func:`capture` did it)."""
+    return _capture is not None
+
+
 class _Capture:
     def __init__(self, path: str, stream: Any):
         self.path, self.stream = path, stream

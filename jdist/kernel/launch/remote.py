@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, UNSHOWN_SH, from_output
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, UNSHOWN_SH, from_output, split_report
 from jdist.common.network import (
     address_of,
     interface_of,
@@ -343,15 +343,22 @@ class RemoteMPILauncher(RankLauncher):
         if host:
             cause += f" on host {host}"
         text = self.output().strip()
-        return RankDeath(first, cause, text[-2000:], code, crash=text, last_words=self.last_words(first))
+        reports = self.crash_reports()
+        return RankDeath(first, cause, text[-2000:], code, crash=reports.get(first, reports.get(None, "")),
+                         last_words=self.last_words(first))
 
     def last_words(self, rank: int | None) -> str:
-        """The ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed after it ended."""
-        return from_output(self.output(), rank)
+        """From the ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed after it ended:
+        what came before its crash report."""
+        return split_report(from_output(self.output()).get(rank, ""))[0] if rank is not None else ""
 
     def crash_reports(self) -> dict[int | None, str]:
-        """The ranks here write their crash reports to stderr: the launcher's output, all ranks together."""
-        return {None: self.output()}
+        """A rank here writes its crash report to its stderr file (after its last words), which the shell around
+        it prints with its rank; before its set-up, to the launcher's output, all ranks together (the key None)."""
+        output = self.output()
+        reports: dict[int | None, str] = {rank: split_report(text)[1] for rank, text in from_output(output).items()}
+        reports = {rank: report for rank, report in reports.items() if report}
+        return reports or {None: output}
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""
