@@ -69,3 +69,36 @@ def test_a_stream_that_did_not_watch_fd_2_echoes_to_the_original_and_other_strea
         print(got, stderr.capture({path!r}, types.SimpleNamespace(write=print, flush=print)))
     """.replace("{path!r}", repr(str(tmp_path / "again"))), watching=False)
     assert out.stdout.strip() == "['to both\\n'] False" and out.stderr == "to both\n", out
+
+
+def test_a_file_that_cannot_be_made_leaves_fd_2_as_it_was_with_one_line(tmp_path):
+    code = ("import os, types; from jdist.rank import stderr\n"
+            "s = types.SimpleNamespace(_should_watch=True, write=print, flush=lambda: None)\n"
+            f"print(stderr.capture({str(tmp_path / 'no' / 'such' / 'f')!r}, s)); os.write(2, b'still fd 2\\n')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out
+    assert out.stderr.splitlines()[0].startswith("jdist: the rank's stderr stays a pipe (")
+    assert out.stderr.splitlines()[1:] == ["still fd 2"], out
+
+
+def test_ipykernels_own_fd_2_reader_sends_what_it_held_then_ends_and_the_stream_closes(tmp_path):
+    # an engine's real OutStream, watching fd 2 as it does outside pytest (watchfd="force" here: ipykernel does
+    # not watch under pytest); what was in its pipe at the switch still arrives, before what follows
+    code = textwrap.dedent(f"""
+        import os, time, zmq
+        from ipykernel.iostream import IOPubThread, OutStream
+        from jupyter_client.session import Session
+        from jdist.rank import stderr
+        pub = IOPubThread(zmq.Context.instance().socket(zmq.PUB)); pub.start()
+        stream = OutStream(Session(), pub, "stderr", watchfd="force")
+        got = []
+        stream.write = got.append
+        os.write(2, b"in ipykernel's pipe\\n")
+        assert stderr.capture({str(tmp_path / "stderr-0")!r}, stream)
+        os.write(2, b"in the file\\n"); stream.flush()
+        assert "".join(got) == "in ipykernel's pipe\\nin the file\\n", got
+        assert not stream.watch_fd_thread.is_alive() and stream._fid is None
+        t = time.monotonic(); stream.close(); print("closed in", round(time.monotonic() - t, 1), "s")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "closed in 0.0 s", out

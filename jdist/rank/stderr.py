@@ -45,7 +45,12 @@ def capture(path: str | None = None, stream: Any = None) -> bool:
     stream = stream if stream is not None else sys.stderr
     if _capture is not None or not path or not hasattr(stream, "_should_watch"):
         return False
-    _capture = _Capture(path, stream)
+    try:
+        _capture = _Capture(path, stream)
+    except OSError as exc:  # fd 2 stays as it was: only the last words of a dying rank are at stake
+        print(f"jdist: the rank's stderr stays a pipe ({path}: {exc}); what it writes just before it dies can be "
+              "lost", file=sys.__stderr__)
+        return False
     return True
 
 
@@ -142,12 +147,10 @@ class _Capture:
 
 
 def _end_pipe_reader(stream: Any) -> None:
-    """Stop ipykernel's reader of its fd 2 pipe: it must not wait at the stream's close for a pipe nobody
-    writes to. Closing the pipe's write end (it is left open after ``dup2``) ends its read with EOF."""
-    stream._should_watch = False
+    """Stop ipykernel's reader of its fd 2 pipe once it has sent what the pipe held: closing the pipe's write
+    end (left open after ``dup2``) ends its read with EOF. The stream's close must then not wait for it."""
     read_fd = getattr(stream, "_fid", None)
-    if read_fd is None:
-        return
+    thread = getattr(stream, "watch_fd_thread", None)
     try:
         pipe = os.readlink(f"/proc/self/fd/{read_fd}")
         for name in os.listdir("/proc/self/fd"):
@@ -158,14 +161,14 @@ def _end_pipe_reader(stream: Any) -> None:
                         os.close(fd)
                 except OSError:
                     continue
+        if thread is not None:
+            thread.join(1.0)  # it sends the rest, then reads EOF
     except OSError:  # no /proc: the reader stays blocked, a daemon thread that holds nothing
-        return
-    thread = getattr(stream, "watch_fd_thread", None)
-    if thread is not None:
-        thread.join(1.0)
-        if not thread.is_alive():
-            os.close(read_fd)
-            stream._fid = None
+        pass
+    stream._should_watch = False  # (set earlier, the reader would drop the chunk it reads next)
+    if read_fd is not None and thread is not None and not thread.is_alive():
+        os.close(read_fd)
+        stream._fid = None
 
 
 def _keep_logs_on(fd: int) -> None:
