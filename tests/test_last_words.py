@@ -102,3 +102,17 @@ def test_ipykernels_own_fd_2_reader_sends_what_it_held_then_ends_and_the_stream_
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "closed in 0.0 s", out
+
+
+def test_a_forked_child_writes_to_the_same_file_and_the_rank_alone_forwards_it(tmp_path):
+    # a DataLoader worker: it inherits fd 2 and the read descriptor (one offset); its exit flushes sys.stderr
+    out, path = child(tmp_path, """
+        pid = os.fork()
+        if pid == 0:
+            os.write(2, b"from the worker\\n"); stream.flush(); os._exit(0)
+        os.waitpid(pid, 0)
+        os.write(2, b"from the rank\\n"); stream.flush()
+        print(got, open({path!r} + ".pos").read().strip(), flush=True)
+    """.replace("{path!r}", repr(str(tmp_path / "stderr-1"))))
+    assert out.stdout.strip() == "['from the worker\\nfrom the rank\\n'] 30", out
+    assert unshown(str(path)) == ""

@@ -61,7 +61,7 @@ def capturing() -> bool:
 
 class _Capture:
     def __init__(self, path: str, stream: Any):
-        self.path, self.stream = path, stream
+        self.path, self.stream, self.pid = path, stream, os.getpid()
         watching = stream._should_watch
         self.echo_fd: int | None = getattr(stream, "_original_stdstream_copy", None) if watching else os.dup(2)
         self.lock = threading.Lock()
@@ -104,8 +104,8 @@ class _Capture:
     def forward(self, wait: bool = True) -> None:
         """Send what fd 2 got since the last time. ``wait`` False: not if the thread is at it (a flush from a
         signal handler that interrupted it must not wait for itself)."""
-        if not self.lock.acquire(blocking=wait):
-            return
+        if os.getpid() != self.pid or not self.lock.acquire(blocking=wait):
+            return  # a forked child (a DataLoader worker) shares fd 2 and the read offset: the rank forwards
         try:
             sent = self.sent
             self.sent += self._send_all()
