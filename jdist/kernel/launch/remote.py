@@ -275,7 +275,8 @@ class RemoteMPILauncher(RankLauncher):
 
     def output(self) -> str:
         """What the launcher printed so far (ranks' stdout/stderr, hydra's or srun's messages), read
-        from its output file every time (ipyparallel's ``get_output`` keeps its first reading)."""
+        from its output file every time (ipyparallel's ``get_output`` keeps its first reading), or, once
+        ipyparallel has stopped the launcher, what it kept of the file (:func:`_output_of`)."""
         return b"".join(map(_output_of, self.output_launchers())).decode("utf-8", "replace")
 
     def exited_early(self, when: str = "before it registered") -> str | None:
