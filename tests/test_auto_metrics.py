@@ -215,13 +215,18 @@ def assert_step_records(records: list[dict], losses: dict[tuple[int, int], float
 
 # -- in this process ------------------------------------------------------------------------------------
 
-def test_the_reads_sampling_holds_through_the_steps_jitter_and_follows_a_real_change():
+def test_the_reads_sampling_holds_through_the_steps_jitter_and_follows_a_real_change(monkeypatch):
     # DDP's reducer times every n-th iteration: each change of n shifts which ones, and the read after it finds
-    # nothing. Steps alternating 1.2 and 1.5 ms (n = 8 or 6 from one interval alone) keep one n.
-    import time
+    # nothing. Steps alternating 1.2 and 1.5 ms (n = 8 or 6 from one interval alone) keep one n. The clock
+    # stands still (a real one moved on between the test's reading and _pace's under load: 1.2 ms became 7)
+    from types import SimpleNamespace
 
+    from jdist.rank import auto_metrics
     from jdist.rank.auto_metrics import AutoSteps, _Reduced
     from jdist.rank.session import local_session
+
+    time = SimpleNamespace(perf_counter=lambda: 1000.0, time=lambda: 1e9)
+    monkeypatch.setattr(auto_metrics, "time", time)
 
     class Reducer:  # what _pace calls on a DistributedDataParallel
         def __init__(self) -> None:
