@@ -481,6 +481,20 @@ def left_after_kill(bed: Any) -> list[str]:
     return found
 
 
+def nothing_left(bed: Any, timeout: float) -> None:
+    """Wait until :func:`left_after_kill` finds nothing; the error says what was still there."""
+    left: list[str] = []
+
+    def clean() -> bool:
+        left[:] = left_after_kill(bed)
+        return not left
+
+    try:
+        wait_for(clean, timeout=timeout, interval=0.1, what="nothing left on the nodes after the kernel's SIGKILL")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {left}") from None
+
+
 def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed):
     """--slurm; hydra over ssh (as --hosts starts ranks) is the --k8s test's, which also deletes its job."""
     where = "--slurm -N 2 -n 2"
@@ -490,7 +504,7 @@ def test_a_sigkilled_kernel_leaves_nothing_on_either_node(bed):
     assert engines_on(bed, "node2")
     t0 = time.perf_counter()
     os.kill(k.pid(), signal.SIGKILL)
-    wait_for(lambda: not left_after_kill(bed), timeout=10, interval=0.1, what="nothing left after a kernel SIGKILL")
+    nothing_left(bed, timeout=10)
     print(f"\n{where}: nothing left {time.perf_counter() - t0:.1f} s after the kernel's SIGKILL")
     k.kc.stop_channels()
     k.km.cleanup_resources()
@@ -623,8 +637,7 @@ def test_k8s_pods_on_both_nodes_train_keep_state_name_a_lost_pod_and_leave_nothi
             assert len(fake.list("mpijobs", "ml")) == 1
             os.kill(k.pid(), signal.SIGKILL)
             wait_for(lambda: not fake.list("mpijobs", "ml"), timeout=20, what="the job deleted after the kernel's SIGKILL")
-            wait_for(lambda: not left_after_kill(bed), timeout=15, interval=0.1,
-                     what="nothing left on the nodes after the kernel's SIGKILL")
+            nothing_left(bed, timeout=15)
 
             # jdist run takes the same options (the front ends share the launcher's), here on the other engine, a
             # TrainJob (Kubeflow Trainer and JobSet emulated: their pod names, hostnames and Secret); a failure names
