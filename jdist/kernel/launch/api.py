@@ -73,6 +73,7 @@ class RankLauncher(ABC):
         self.config = config
         self.work_dir = work_dir  # private to the cluster (0700)
         self.ipp: Any = None  # the ipyparallel.Cluster, after attach()
+        self._launchers_seen: list[Any] = []  # its engine launchers, stopped ones too (output_launchers)
         #: Progress lines while the ranks start (the cluster sets it before :meth:`probe`), e.g. a job's pods.
         self.say: Callable[[str], None] = lambda line: None
 
@@ -126,15 +127,14 @@ class RankLauncher(ABC):
     def engine_launchers(self) -> list[Any]:
         """The running Cluster's engine launchers (ipyparallel drops one once it has stopped)."""
         launchers = list((self.ipp.engines or {}).values()) if self.ipp is not None else []
-        seen = self.__dict__.setdefault("_launchers_seen", [])
-        seen.extend(el for el in launchers if el not in seen)
+        self._launchers_seen.extend(el for el in launchers if el not in self._launchers_seen)
         return launchers
 
     def output_launchers(self) -> list[Any]:
         """Every engine launcher this cluster had, stopped ones too: what a rank printed before it died is read
         after its launcher ended, when ipyparallel has dropped it and moved its output file into memory."""
         self.engine_launchers()
-        return list(self.__dict__["_launchers_seen"])
+        return list(self._launchers_seen)
 
     def output(self) -> str:
         """What the engine launchers printed so far (for error messages)."""

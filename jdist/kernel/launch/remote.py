@@ -99,6 +99,19 @@ def _output_of(launcher: Any, start: int = 0) -> bytes:
             return b""
 
 
+def _last_words(output: str, rank: int | None) -> str:
+    """From the ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed into the launcher's
+    ``output`` after it ended: what came before its crash report."""
+    return split_report(from_output(output).get(rank, ""))[0] if rank is not None else ""
+
+
+def _crash_reports(output: str) -> dict[int | None, str]:
+    """Each rank's crash report in the launcher's ``output`` (:meth:`RemoteMPILauncher.crash_reports`)."""
+    reports: dict[int | None, str] = {rank: split_report(text)[1] for rank, text in from_output(output).items()}
+    reports = {rank: report for rank, report in reports.items() if report}
+    return reports or {None: output}
+
+
 def _first_exit(output: str) -> tuple[int, int] | None:
     """The rank and exit status of the first exit line in the launcher's ``output`` (hydra and srun end the other
     ranks after it).
@@ -343,23 +356,18 @@ class RemoteMPILauncher(RankLauncher):
             cause = "the rank's process or its host went away (no exit status came back)"
         if host:
             cause += f" on host {host}"
-        text = self.output().strip()
-        reports = self.crash_reports()
-        return RankDeath(first, cause, text[-2000:], code, crash=reports.get(first, reports.get(None, "")),
-                         last_words=self.last_words(first))
+        output = self.output()
+        reports = _crash_reports(output)
+        return RankDeath(first, cause, output.strip()[-2000:], code, crash=reports.get(first, reports.get(None, "")),
+                         last_words=_last_words(output, first))
 
     def last_words(self, rank: int | None) -> str:
-        """From the ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed after it ended:
-        what came before its crash report."""
-        return split_report(from_output(self.output()).get(rank, ""))[0] if rank is not None else ""
+        return _last_words(self.output(), rank)
 
     def crash_reports(self) -> dict[int | None, str]:
         """A rank here writes its crash report to its stderr file (after its last words), which the shell around
         it prints with its rank; before its set-up, to the launcher's output, all ranks together (the key None)."""
-        output = self.output()
-        reports: dict[int | None, str] = {rank: split_report(text)[1] for rank, text in from_output(output).items()}
-        reports = {rank: report for rank, report in reports.items() if report}
-        return reports or {None: output}
+        return _crash_reports(self.output())
 
     def samples(self, ranks: Sequence[RankInfo], timeout: float = 2.0) -> dict[int, Sample]:
         """The sample signal through the controller; each rank's guard sends its sample back over IOPub."""
