@@ -40,6 +40,47 @@ def test_the_shell_reports_the_exit_status_and_removes_the_noted_segments_after_
     assert not segment.exists() and not list(tmp_path.glob("jdist-shm-*"))
 
 
+def test_what_a_step_killed_with_its_watcher_left_is_removed_by_the_next_rank_on_the_host(tmp_path):
+    # srun ends a step's tasks with SIGKILL when one dies (--kill-on-bad-exit): Slurm kills every process of
+    # the step, the watcher too, so the killed rank's segment and stderr file stay until a rank starts here again
+    import os
+    import platform
+    import signal
+
+    segment = tmp_path / "mpich_shm_test_2"
+    segment.write_text("x")
+    code = ("import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
+            "open(os.environ['JDIST_STDERR_FILE'], 'w').write('last'); open(os.environ['JDIST_STDERR_FILE'] + '.pos', "
+            "'w').write('0'); print('noted', flush=True); time.sleep(60)" % str(segment))
+    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    assert proc.stdout.readline().strip() == "noted"
+    shell = psutil.Process(proc.pid)
+    step = [shell, *shell.children(recursive=True)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):  # the whole step at once (stopped first: none sees another end)
+        for p in step:
+            p.send_signal(sig)
+    proc.wait(5)
+    host = platform.node()
+    left = sorted(p.name for p in tmp_path.glob("jdist-*"))
+    assert left == [f"jdist-shm-{host}-{proc.pid}", f"jdist-stderr-{host}-{proc.pid}",
+                    f"jdist-stderr-{host}-{proc.pid}.pos"] and segment.exists(), left
+    # not touched: a running shell's files (this process stands in for it), another host's, another program's
+    alive = tmp_path / f"jdist-shm-{host}-{os.getpid()}"
+    kept = [alive, tmp_path / f"jdist-stderr-{host}-x-{proc.pid}", tmp_path / f"jdist-shm-other{host}-{proc.pid}",
+            tmp_path / "jdist-stderr-other"]
+    held = tmp_path / "mpich_shm_held_0"
+    held.write_text("x")
+    alive.write_text(f"{held}\n")
+    for path in kept[1:]:
+        path.write_text(f"{held}\n")
+    out = wrapped(tmp_path, "pass")
+    assert out.returncode == 0 and out.stdout.strip() == "jdist-rank-exit 3 0", out
+    assert not segment.exists() and held.exists()
+    assert sorted(tmp_path.glob("jdist-*")) == sorted(kept)
+
+
 def test_the_shell_prints_what_the_rank_had_not_forwarded_before_the_exit_line_and_removes_its_file(tmp_path):
     # the rank's fd 2 goes to a file of its host (jdist/rank/stderr.py); what was not forwarded when it died
     # comes back in the launcher's output, each line marked with the rank

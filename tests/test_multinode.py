@@ -201,12 +201,36 @@ def test_slurm_job_step_trains_ddp_with_two_ranks_per_node(bed, login):
     login.run("%%distributed\nt = torch.ones(1); dist.all_reduce(t); after = (dist.get_world_size(), t.item())")
     login.run("%dist pull after")
     assert [tuple(a) for a in login.value("after")] == [(4, 4.0)] * 4
+
+    # Slurm ends the whole step (scancel, the time limit, a node failure): slurmstepd kills every process of it, the
+    # shells around the ranks and their watchers too. The error says what Slurm said; the restart does not wait
+    # for ranks that are gone (it waited 10 s for their nannies); the new ranks remove what the killed ones left
+    step = login.value("__import__('jdist.kernel.cluster', fromlist=['x']).current().launcher.step")
+    files = "ls /tmp | grep -E '^jdist-(shm|stderr)-'; true"
+    left = {node: set(shm_on(bed, node)) | set(on_node(bed, node, files).split()) for node in bed.nodes}
+    assert all(len(left[node]) == 1 + 2 * 3 for node in bed.nodes), left  # a segment; per rank a note, stderr, .pos
+    msg = login.start("%%distributed\nprint('waiting', flush=True)\n__import__('time').sleep(60)")
+    login.wait_for_stdout(msg, "waiting", timeout=30)
+    bed.run("node1", ["scancel", "--signal=KILL", step])
+    killed = login.collect(msg, timeout=60)
+    text = strip_ansi(killed.traceback)
+    # (slurmstepd's "*** STEP 1.0 ON node1 CANCELLED AT ... ***" reaches srun's output in some runs, not in others)
+    assert re.search(rf"rank \d died: Slurm ended the job step (\(STEP {re.escape(step)} ON node\d CANCELLED AT |"
+                     rf"{re.escape(step)} \(srun: \"Force Terminated\")", text), text
+    assert all(left[node] <= set(shm_on(bed, node)) | set(on_node(bed, node, files).split()) for node in bed.nodes)
+    t0 = time.perf_counter()
+    login.run("%dist restart --fresh", timeout=240)
+    restart_s = time.perf_counter() - t0
+    now = {node: set(shm_on(bed, node)) | set(on_node(bed, node, files).split()) for node in bed.nodes}
+    assert not any(left[node] & now[node] for node in bed.nodes), (left, now)
+    assert all(len(now[node]) == 1 + 2 * 3 for node in bed.nodes), now  # the new ranks' own
     t0 = time.perf_counter()
     login.run("%dist stop")
     stop_s = time.perf_counter() - t0
     wait_for(lambda: not on_node(bed, "node1", "squeue -h").strip(), timeout=15, what="no Slurm job left")
     assert not engines_on(bed, "node1") and not engines_on(bed, "node2")
-    print(f"\n--slurm 2 nodes x 2 ranks: {ready(out)}, start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s")
+    print(f"\n--slurm 2 nodes x 2 ranks: {ready(out)}, start+cell {out.elapsed:.1f} s, stop {stop_s:.2f} s; "
+          f"%dist restart --fresh after the step was cancelled: {restart_s:.1f} s")
 
 
 def test_all_ranks_on_the_other_node(bed, login):

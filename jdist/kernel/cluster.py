@@ -369,9 +369,18 @@ class ClusterSession:
         ``busy``: the ranks still run code (``jdist run`` ending them on a second Ctrl-C): no
         teardown, which would wait for them, only the launcher's signals. Ranks the controller sees busy
         (still in a cell that did not stop after an interrupt) are stopped the same way: a teardown would
-        wait for them (5 s), then ipyparallel's signals, which they may ignore (measured: 20 s more)."""
+        wait for them (5 s), then ipyparallel's signals, which they may ignore (measured: 20 s more). Ranks whose
+        processes have all ended (the launcher says so; MPI and Slurm end the job after a rank's death) are
+        neither asked nor signalled: the engines of a Slurm step killed with their nannies never confirmed the
+        signal, and the stop waited its 10 s bound."""
         client, cluster, launcher = self.client, self.ipp, self.launcher
-        if client is not None and not busy:
+        gone = False  # every rank's process has ended (after a death: MPI or Slurm ended the job)
+        if launcher is not None and self.ranks:
+            try:
+                gone = len(set(launcher.deaths())) >= len(self.ranks)
+            except Exception:  # the launcher cannot tell: ask the ranks as usual
+                pass
+        if client is not None and not busy and not gone:
             try:
                 busy = "busy" in engine_states(client).values()
             except Exception:  # no answer from the controller: the gentle way, with its timeouts
@@ -383,7 +392,7 @@ class ClusterSession:
         n_ranks, self.ranks, self._engine_of_rank, self.unfinished = len(self.ranks), [], {}, {}
         work_dir, self.work_dir = self.work_dir, None
         reaper_proc, self._reaper = self._reaper, None
-        if client is not None and not busy:
+        if client is not None and not busy and not gone:
             try:
                 client[:].apply_async(RankCall("teardown")).get(timeout=5)
                 # idle ranks end their processes themselves, at once (no reply comes back; the
@@ -393,7 +402,7 @@ class ClusterSession:
                     launcher.ranks_ended()  # else ipyparallel's SIGTERM below ends them, slowly
             except Exception:
                 pass  # engines may be dead or busy; stopping them below releases everything
-        if client is not None and busy:
+        if client is not None and busy and not gone:
             try:  # through the controller (each engine's nanny): also ranks on other hosts
                 client.send_signal(signal.SIGKILL, block=False).result(SIGNAL_WAIT_S)
             except Exception:

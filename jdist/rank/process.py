@@ -118,7 +118,7 @@ def exit_process() -> None:
 
 def note_mpi_shm() -> None:
     """Tell the shell around this engine our MPI shared-memory segments (it removes them after we end,
-    also after a SIGKILL; :data:`jdist.kernel.launch.mpi.REMOTE_WRAPPER`)."""
+    also after a SIGKILL; :data:`jdist.kernel.launch.remote.REMOTE_WRAPPER`)."""
     from jdist.common.procs import mpi_shm_segments
 
     note = os.environ.get("JDIST_SHM_NOTE")

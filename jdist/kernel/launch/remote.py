@@ -69,11 +69,25 @@ from .mpi import (CRASH_SIGNALS, cause_of_exit, engine_argv, engine_set_launcher
 #: removes them (it ends with the engine, within 0.2 s), and the rank's stderr file once this shell is gone.
 SHM_CLEANUP = ('if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$seg"; done < "$JDIST_SHM_NOTE"; '
                'rm -f "$JDIST_SHM_NOTE"; fi')
+#: What the shells of this host that ended with their watcher left: Slurm ends a step whole with SIGKILL
+#: (``scancel --signal=KILL``, past ``KillWait`` at a time limit), every process of it, the watchers included.
+#: Each rank that starts on the host removes the noted segments and the stderr files of this user's shells that
+#: are gone (their PID, the last part of the name, is not running, or is this shell's own: a predecessor's). The
+#: files are named after the host too, so a ``$TMPDIR`` that hosts share is safe.
+LEFT_BY_KILLED = (
+    'h=$(uname -n); t="${TMPDIR:-/tmp}"; '
+    'for f in "$t"/jdist-shm-"$h"-* "$t"/jdist-stderr-"$h"-*; do '
+    'pid=${f##*-}; pid=${pid%.pos}; case "$pid" in ""|*[!0-9]*) continue;; esac; '
+    'case "$f" in "$t/jdist-shm-$h-$pid"|"$t/jdist-stderr-$h-$pid"|"$t/jdist-stderr-$h-$pid.pos") ;; *) continue;; '
+    'esac; [ -O "$f" ] || continue; '
+    'if [ "$pid" != "$$" ] && kill -0 "$pid" 2>/dev/null; then continue; fi; '
+    'n="$t/jdist-shm-$h-$pid"; if [ -f "$n" ]; then while read -r seg; do rm -f "$seg"; done < "$n"; fi; '
+    'rm -f "$n" "$t/jdist-stderr-$h-$pid" "$t/jdist-stderr-$h-$pid' + POS_SUFFIX + '"; done 2>/dev/null; ')
 #: The rank's fd 2 goes to a file of its host (:mod:`jdist.common.last_words`): what it had not forwarded when
 #: it ended comes back as ``jdist-rank-stderr <rank> <line>`` lines before the exit line.
 REMOTE_WRAPPER = engine_shell(
-    before=('JDIST_SHM_NOTE="${TMPDIR:-/tmp}/jdist-shm-$$"; export JDIST_SHM_NOTE; '
-            f'{STDERR_ENV}="${{TMPDIR:-/tmp}}/jdist-stderr-$$"; export {STDERR_ENV}; '),
+    before=(LEFT_BY_KILLED + 'JDIST_SHM_NOTE="$t/jdist-shm-$h-$$"; export JDIST_SHM_NOTE; '
+            f'{STDERR_ENV}="$t/jdist-stderr-$h-$$"; export {STDERR_ENV}; '),
     started=("setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
              + "; while kill -0 $2 2>/dev/null; do sleep 0.2; done; "
              + f"rm -f \"${STDERR_ENV}\" \"${STDERR_ENV}{POS_SUFFIX}\""
@@ -351,15 +365,21 @@ class RemoteMPILauncher(RankLauncher):
                     pass
         code = self._exits.get(first) if first is not None else None
         host = next((info["host"] for info in self._ranks if info["rank"] == first), None)
-        cause = cause_of_exit(code, False)
-        if code is None:
-            cause = "the rank's process or its host went away (no exit status came back)"
-        if host:
-            cause += f" on host {host}"
         output = self.output()
+        said = self.ended_by(output) if code is None else None
+        cause = said or cause_of_exit(code, False)
+        if code is None and not said:
+            cause = "the rank's process or its host went away (no exit status came back)"
+        if host and not said:  # (the launcher's line names the host)
+            cause += f" on host {host}"
         reports = _crash_reports(output)
         return RankDeath(first, cause, output.strip()[-2000:], code, crash=reports.get(first, reports.get(None, "")),
                          last_words=_last_words(output, first))
+
+    def ended_by(self, output: str) -> str | None:
+        """What the launcher said of ranks that ended without an exit status (their shells were killed too), from
+        its ``output``; None if nothing."""
+        return None
 
     def last_words(self, rank: int | None) -> str:
         return _last_words(self.output(), rank)
@@ -632,6 +652,28 @@ class SlurmLauncher(RemoteMPILauncher):
         super().watch(ranks)
         steps = {step_of(info) for info in ranks} - {None}
         self.step = steps.pop() if len(steps) == 1 else None
+
+    def ended_by(self, output: str) -> str | None:
+        """Slurm's word on a step it ended whole (cancelled, at the time limit, for a node failure or preemption:
+        the shells around the ranks were killed with them, so no rank's exit status came back): slurmstepd's
+        line when it reached srun (not always), else srun's ``Force Terminated``.
+
+        >>> SlurmLauncher.ended_by(None, "srun: error: node2: tasks 2-3: Killed\\nslurmstepd-node1: error: "
+        ...                                "*** JOB 7 ON node1 CANCELLED AT 2026-11-29T02:25:47 DUE TO TIME LIMIT ***")
+        'Slurm ended the job (JOB 7 ON node1 CANCELLED AT 2026-11-29T02:25:47 DUE TO TIME LIMIT; ask for more time: --slurm "-t MINUTES", or a longer allocation)'
+        >>> SlurmLauncher.ended_by(None, "srun: error: node1: tasks 0-1: Killed\\nsrun: Force Terminated StepId=7.0")
+        'Slurm ended the job step 7.0 (srun: "Force Terminated": it was cancelled, reached its time limit or lost a node)'
+        """
+        said = re.findall(r"\*\*\* ((JOB|STEP) \S+ ON \S+ (?:CANCELLED|FAILED)[^*]*?) \*\*\*", output)
+        if said:
+            text, kind = said[-1]
+            more = '; ask for more time: --slurm "-t MINUTES", or a longer allocation' if "TIME LIMIT" in text else ""
+            return f"Slurm ended the {'job step' if kind == 'STEP' else 'job'} ({text}{more})"
+        forced = re.search(r"^srun: Force Terminated (?:job step |StepId=)?(\S+)", output, re.M)
+        if forced:
+            return (f'Slurm ended the job step {forced.group(1)} (srun: "Force Terminated": it was cancelled, reached '
+                    "its time limit or lost a node)")
+        return None
 
     def cleanup_commands(self) -> list[list[str]]:
         """SIGTERM to the step's tasks first (srun itself would end them with SIGKILL, leaving their
