@@ -61,6 +61,18 @@ def test_tensorboard_export_per_rank_and_mean(tmp_path):
     assert b"jdist.log(loss=1.0)" in mean.Tensors("cell")[0].tensor_proto.string_val[0]
 
 
+def test_tensorboard_export_never_imports_tensorflow(tmp_path):
+    # tensorboard's own EventFileWriter opens its file through tensorboard.compat.tf, which imports TensorFlow
+    # where it is installed (3.5 s in the kernel, and its log lines in the cell); jdist writes plain files
+    pytest.importorskip("tensorflow")  # (make test installs it: otherwise nothing to check)
+    code = ("import sys\nfrom jdist.metrics import Run\nrun = Run('r', 1)\n"
+            "run.add([{'rank': 0, 'seq': 0, 'step': 0, 'time': 1.0, 'loss': 1.0}])\n"
+            "run.to_tensorboard('tb')\nprint('tensorflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.strip() == "False" and not out.stderr, out
+    assert read_tensorboard(tmp_path / "tb" / "r" / "rank0").Scalars("loss")[0].value == 1.0
+
+
 def test_mean_of_a_step_some_rank_never_logged_is_written_at_the_end(tmp_path):
     run = make_run(missing_last_on=1)
     mean = read_tensorboard(run.to_tensorboard(tmp_path) / "mean")

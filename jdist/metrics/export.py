@@ -14,9 +14,11 @@ written per rank and as the mean across ranks, at its step, with the record's wa
 
 The mean of a step is written once every rank has logged it (at the end: with the ranks that did).
 The ranks need no tracker: all of this runs where the records arrive (the notebook kernel). That
-is also why the TensorBoard side uses tensorboard's own ``EventFileWriter`` and summary protos, not
-``torch.utils.tensorboard.SummaryWriter`` (the same writer underneath): the kernel never imports
-torch (``tests/test_architecture.py`` checks it).
+is also why the TensorBoard side uses tensorboard's own record writer and summary protos, not
+``torch.utils.tensorboard.SummaryWriter``: the kernel never imports torch (``tests/test_architecture.py``
+checks it). It writes each event file as a plain local file (:class:`EventFile`): tensorboard's
+``EventFileWriter`` opens it through ``tensorboard.compat.tf``, which imports TensorFlow where it is installed
+(3.5 s in the kernel, and TensorFlow's log lines in the cell).
 Needs ``pip install 'jdist[tracking]'`` (tensorboard; mlflow-skinny with SQLAlchemy for the
 ``sqlite:`` stores).
 
@@ -33,6 +35,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -104,14 +109,37 @@ def _step(step: Any) -> int:
     return int(step) if isinstance(step, (int, float)) else 0
 
 
+class EventFile:
+    """One TensorBoard event file in ``folder``, written as a plain file with tensorboard's record writer (its
+    framing and checksums), so that TensorFlow is never imported (see the module doc). Events are written as they
+    come; :meth:`flush` makes them visible to a TensorBoard that reads the folder."""
+
+    _serial = itertools.count()
+
+    def __init__(self, folder: Path):
+        from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(self._serial)}"
+        self._records = RecordWriter(open(folder / name, "wb"))  # noqa: SIM115 (closed by close())
+        self.add_event(Event(wall_time=time.time(), file_version="brain.Event:2",
+                             source_metadata=SourceMetadata(writer="jdist")))
+
+    def add_event(self, event: Any) -> None:
+        self._records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()
+
+
 class TensorBoardWriter:
     """Writes a run to ``<logdir>/<run_id>/{mean,rank0,...}`` as TensorBoard event files."""
 
     def __init__(self, logdir: str | Path, run: Run):
         need("tensorboard", "TensorBoard export", "tracking")
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        self._writer_class = EventFileWriter
         self.path = Path(logdir).expanduser() / run.run_id
         self.run = run
         self.means = Means(run.world_size)
@@ -122,7 +150,7 @@ class TensorBoardWriter:
         w = self.writers.get(series)
         if w is None:
             (self.path / series).mkdir(parents=True, exist_ok=True)
-            w = self.writers[series] = self._writer_class(str(self.path / series), flush_secs=2)
+            w = self.writers[series] = EventFile(self.path / series)
         return w
 
     def _scalar(self, series: str, tag: str, value: float, step: Any, wall: float) -> None:
