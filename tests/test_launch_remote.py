@@ -123,9 +123,11 @@ def test_the_shell_reports_a_normal_exit(tmp_path):
     assert out.returncode == 3 and "jdist-rank-exit 0 3" in out.stdout
 
 
-def launcher_with_output(tmp_path: Path, text: bytes) -> tuple[SSHLauncher, subprocess.Popen]:
-    cfg = config(n=2, hosts="a:1,b:1", launcher="ssh")
-    launcher = SSHLauncher(cfg, tmp_path)
+def launcher_with_output(tmp_path: Path, text: bytes, slurm: bool = False) -> tuple[SSHLauncher, subprocess.Popen]:
+    if slurm:
+        launcher = SlurmLauncher(config(n=2, slurm="", launcher="slurm"), tmp_path)
+    else:
+        launcher = SSHLauncher(config(n=2, hosts="a:1,b:1", launcher="ssh"), tmp_path)
     out = tmp_path / "launcher.out"
     out.write_bytes(text)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -134,6 +136,29 @@ def launcher_with_output(tmp_path: Path, text: bytes) -> tuple[SSHLauncher, subp
     launcher.ipp = SimpleNamespace(engines={"x": engine_set})
     launcher.watch([{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}])  # type: ignore[list-item]
     return launcher, proc
+
+
+CANCELLED = "slurmstepd-a: error: *** STEP 7.0 ON a CANCELLED AT 2026-11-29T02:39:01{why} ***\n"
+
+
+@pytest.mark.parametrize("output,cause", [
+    # the time limit: slurmstepd's line, then the ranks' SIGTERM
+    (CANCELLED.format(why=" DUE TO TIME LIMIT") + "jdist-rank-exit 0 143\njdist-rank-exit 1 143\n",
+     "killed by SIGTERM (Terminated): Slurm ended the job step (STEP 7.0 ON a CANCELLED AT 2026-11-29T02:39:01 DUE TO "
+     'TIME LIMIT; ask for more time: --slurm "-t MINUTES", or a longer allocation)'),
+    # a rank died: srun (--kill-on-bad-exit) cancels its step after, and slurmstepd says CANCELLED then too
+    ("jdist-rank-exit 1 137\nsrun: error: b: task 1: Exited with exit code 137\n" + CANCELLED.format(why="")
+     + "jdist-rank-exit 0 143\n", "killed by SIGKILL (kill -9, or the out-of-memory killer) on host b"),
+    # scancel --signal=KILL: every process of the step, the shells too (no exit line), slurmstepd's line not relayed
+    ("srun: error: a: tasks 0-1: Killed\nsrun: Force Terminated StepId=7.0\n",
+     'Slurm ended the job step 7.0 (srun: "Force Terminated": it was cancelled, reached its time limit or lost a node)'),
+])
+def test_a_slurm_death_says_what_slurm_said_when_slurm_ended_the_step(tmp_path, output, cause):
+    launcher, proc = launcher_with_output(tmp_path, output.encode(), slurm=True)
+    proc.kill()
+    proc.wait()
+    dead = launcher.deaths()
+    assert launcher.death(dead, wait=0.2).cause == cause
 
 
 def test_deaths_come_from_exit_lines_then_from_the_launcher_ending(tmp_path):

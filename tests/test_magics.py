@@ -9,7 +9,7 @@ import pytest
 from conftest import strip_ansi
 from IPython.core.error import UsageError
 
-from jdist.kernel.magics import parse_targets
+from jdist.kernel.magics import DistributedMagics, parse_line, parse_targets
 from jdist.kernel.probes import visible_gpus
 
 
@@ -22,6 +22,21 @@ def test_parse_targets(text, ranks):
 def test_parse_targets_rejects_with_example(text):
     with pytest.raises(UsageError, match="--targets 0,2"):
         parse_targets(text)
+
+
+def test_option_values_are_split_as_a_shell_splits_them(tmp_path):
+    # IPython's parse_argstring kept the quotes: srun got '"-p gpu -A proj -t 60"' as one argument and failed
+    from jdist.kernel.launch.remote import SlurmLauncher
+    from jdist.plugins import option_table
+
+    args = parse_line(DistributedMagics.distributed, '--slurm "-p gpu -A proj -t 60" -N 2 -n 4')
+    assert (args.slurm, args.nodes, args.n) == ("-p gpu -A proj -t 60", 2, 4)
+    config = option_table().config({"n": 4, "nodes": 2, "slurm": args.slurm, "launcher": "slurm"})
+    assert SlurmLauncher(config, tmp_path).mpi_cmd()[-8:] == ["-N", "2", "-p", "gpu", "-A", "proj", "-t", "60"]
+    assert parse_line(DistributedMagics.distributed, "--slurm='-t 1' -n 2").slurm == "-t 1"
+    assert parse_line(DistributedMagics.dist, 'pull "x"').name == "x"
+    with pytest.raises(UsageError, match=r"No closing quotation; close the quotes around an option's value"):
+        parse_line(DistributedMagics.distributed, '--slurm "-t 1 -n 2')
 
 
 def test_no_cluster_errors_say_how_to_start(kernel):

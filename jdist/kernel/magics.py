@@ -9,13 +9,15 @@ faults are jdist's own one-line errors (:mod:`jdist.errors`).
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import sys
 import threading
 import traceback
 from typing import Any, Callable
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from jdist.common.stacks import COLLECTIVE_PATHS, Frame, format_stack, summary
 from jdist.errors import remote_errors, usage_error
@@ -68,6 +70,26 @@ def parse_targets(text: str | None, flag: str = "--targets") -> list[int] | None
     return sorted(set(ranks))
 
 
+def parse_line(magic: Any, line: str) -> argparse.Namespace:
+    """A magic's ``line`` split as a shell splits it (quotes group words and are removed), then parsed.
+
+    IPython's own ``parse_argstring`` keeps the quotes: ``--slurm "-p gpu -t 60"`` gave srun the one argument
+    ``-p gpu -t 60`` with its quotes, and ``--slurm="-t 60"`` failed.
+
+    >>> @magic_arguments()
+    ... @argument("--slurm")
+    ... def f(line): pass
+    >>> parse_line(f, '--slurm "-p gpu -t 60"').slurm
+    '-p gpu -t 60'
+    """
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # "No closing quotation"
+        raise usage_error(f"{line.strip()}: {exc}; close the quotes around an option's value, e.g. "
+                          '--slurm "-p gpu -t 60".') from None
+    return magic.parser.parse_args(words)
+
+
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
@@ -99,7 +121,7 @@ class DistributedMagics(Magics):
             %%distributed -n 2 --backend ddp
             model = jdist.prepare(torch.nn.Linear(8, 1))
         """
-        args = parse_argstring(self.distributed, line)
+        args = parse_line(self.distributed, line)
         table = option_table()
         opts = table.cell_options(args)
         self._check_syntax(cell)
@@ -195,7 +217,7 @@ class DistributedMagics(Magics):
         ``%dist debug``        after a failed cell: pdb on the traceback of the rank that failed
                                first (``--rank R``, ``--ranks 0,1``), typed in the notebook; ``q`` ends
         """
-        args = parse_argstring(self.dist, line)
+        args = parse_line(self.dist, line)
         if args.command in ("pull", "push") and not args.name:
             raise usage_error(f"%dist {args.command} needs a variable name, e.g. %dist {args.command} model_state")
         if args.command == "attach":

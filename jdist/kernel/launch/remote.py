@@ -366,10 +366,14 @@ class RemoteMPILauncher(RankLauncher):
         code = self._exits.get(first) if first is not None else None
         host = next((info["host"] for info in self._ranks if info["rank"] == first), None)
         output = self.output()
-        said = self.ended_by(output) if code is None else None
-        cause = said or cause_of_exit(code, False)
-        if code is None and not said:
-            cause = "the rank's process or its host went away (no exit status came back)"
+        # the launcher ended the job: its word says why (a time limit...), if it came before any rank's exit line
+        # (srun --kill-on-bad-exit cancels its step after a rank died, and slurmstepd says CANCELLED then too)
+        exit_line = EXIT_LINE.search(output.encode())
+        said = self.ended_by(output.encode()[:exit_line.start()].decode("utf-8", "replace") if exit_line else output)
+        if code is None:
+            cause = said or "the rank's process or its host went away (no exit status came back)"
+        else:
+            cause = cause_of_exit(code, False) + (f": {said}" if said else "")
         if host and not said:  # (the launcher's line names the host)
             cause += f" on host {host}"
         reports = _crash_reports(output)
@@ -377,8 +381,8 @@ class RemoteMPILauncher(RankLauncher):
                          last_words=_last_words(output, first))
 
     def ended_by(self, output: str) -> str | None:
-        """What the launcher said of ranks that ended without an exit status (their shells were killed too), from
-        its ``output``; None if nothing."""
+        """What the launcher said of a job it ended (ranks killed with their shells, or told to end), from its
+        ``output``; None if nothing."""
         return None
 
     def last_words(self, rank: int | None) -> str:
@@ -654,9 +658,9 @@ class SlurmLauncher(RemoteMPILauncher):
         self.step = steps.pop() if len(steps) == 1 else None
 
     def ended_by(self, output: str) -> str | None:
-        """Slurm's word on a step it ended whole (cancelled, at the time limit, for a node failure or preemption:
-        the shells around the ranks were killed with them, so no rank's exit status came back): slurmstepd's
-        line when it reached srun (not always), else srun's ``Force Terminated``.
+        """Slurm's word on a step it ended (cancelled, at the time limit, for a node failure or preemption): the
+        ranks got SIGTERM, or SIGKILL with the shells around them (no exit status came back). slurmstepd's line
+        when it reached srun (not always), else srun's ``Force Terminated``.
 
         >>> SlurmLauncher.ended_by(None, "srun: error: node2: tasks 2-3: Killed\\nslurmstepd-node1: error: "
         ...                                "*** JOB 7 ON node1 CANCELLED AT 2026-11-29T02:25:47 DUE TO TIME LIMIT ***")
