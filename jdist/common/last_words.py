@@ -1,13 +1,10 @@
-"""What a rank wrote just before it died, which the notebook never got: to its stderr (fd 2 and ``sys.stderr``)
-and its ``sys.stdout``.
+"""What a rank wrote to its stderr (fd 2) just before it died, which the notebook never got.
 
 An ipyparallel engine's ``sys.stderr`` forwards fd 2 through a pipe that a thread of the same process
 reads, so the last words of a C or C++ library that aborts (``terminate called after throwing an
-instance of ...``) were still in the pipe when the process died, and died with it; and its ``sys.stdout`` and
-``sys.stderr`` hold what Python wrote for up to 0.2 s, so a ``print`` just before a crash was lost too. Under
-jdist's launchers the shell around each engine names a file (:data:`STDERR_ENV`); the rank points fd 2 and
-``sys.stderr`` at it, and ``sys.stdout`` at ``<file>.stdout`` (:mod:`jdist.rank.stderr`), and notes in
-``<file>.pos`` how far it has forwarded. A write to a file
+instance of ...``) were still in the pipe when the process died, and died with it. Under jdist's
+launchers the shell around each engine names a file (:data:`STDERR_ENV`); the rank points fd 2 at it
+(:mod:`jdist.rank.stderr`) and notes in ``<file>.pos`` how far it has forwarded. A write to a file
 outlives its process: after the rank ended, the kernel (ranks on its host, :func:`unshown`) or the shell
 (ranks on other hosts, :data:`UNSHOWN_SH`) reads what was not forwarded, and the error shows it.
 
@@ -31,13 +28,8 @@ import re
 STDERR_ENV = "JDIST_STDERR_FILE"
 #: Beside it: how many of its bytes the rank has forwarded (a decimal number, padded with spaces).
 POS_SUFFIX = ".pos"
-#: The file of what the rank's Python code writes to ``sys.stdout``: the stderr file's name and this (its own
-#: ``.pos`` beside it).
-STDOUT_SUFFIX = ".stdout"
 #: Lines of a remote rank's last words in its launcher's output: ``jdist-rank-stderr <rank> <line>``.
 LINE_PREFIX = "jdist-rank-stderr"
-#: The same for its stdout: ``jdist-rank-stdout <rank> <line>``.
-STDOUT_PREFIX = "jdist-rank-stdout"
 #: At most this many of the last lines not forwarded are shown (a library's fatal message is its last lines).
 MAX_LINES = 20
 MAX_BYTES = 8000
@@ -48,11 +40,10 @@ SHELL_BYTES = 16000
 #: ``/bin/sh`` text for the shell around a remote engine, after the engine ended: prints what the rank had not
 #: forwarded (its last :data:`SHELL_BYTES`), each line as ``jdist-rank-stderr <rank> <line>``, then removes the
 #: files. ``$rank`` must be set.
-UNSHOWN_SH = "; ".join(
-    f'f="${STDERR_ENV}{suffix}"; if [ -s "$f" ]; then p=$(cat "$f{POS_SUFFIX}" 2>/dev/null); '
+UNSHOWN_SH = (
+    f'f="${STDERR_ENV}"; if [ -s "$f" ]; then p=$(cat "$f{POS_SUFFIX}" 2>/dev/null); '
     f'tail -c +$(( ${{p:-0}} + 1 )) "$f" | tail -c {SHELL_BYTES} '
-    f'| sed "s/^/{prefix} $rank /"; fi; rm -f "$f" "$f{POS_SUFFIX}"'
-    for suffix, prefix in ((STDOUT_SUFFIX, STDOUT_PREFIX), ("", LINE_PREFIX))
+    f'| sed "s/^/{LINE_PREFIX} $rank /"; fi; rm -f "$f" "$f{POS_SUFFIX}"'
 )
 _FATAL = re.compile(r"^Fatal Python error: ", re.M)
 
@@ -98,15 +89,15 @@ def last_lines(text: str) -> str:
     return "\n".join(lines[-MAX_LINES:])
 
 
-def from_output(output: str, prefix: str = LINE_PREFIX) -> dict[int, str]:
+def from_output(output: str) -> dict[int, str]:
     """What each remote rank had not forwarded, from its launcher's ``output`` (the lines :data:`UNSHOWN_SH`
-    printed), by rank: of its stderr, or with ``prefix`` :data:`STDOUT_PREFIX` of its stdout.
+    printed), by rank.
 
     >>> from_output("x\\njdist-rank-stderr 1 boom\\njdist-rank-stderr 0 other\\njdist-rank-stderr 1 abort\\n")
     {1: 'boom\\nabort', 0: 'other'}
     """
     lines: dict[int, list[str]] = {}
-    for m in re.finditer(rf"^{prefix} (-?\d+) ?(.*)$", output, re.M):
+    for m in re.finditer(rf"^{LINE_PREFIX} (-?\d+) ?(.*)$", output, re.M):
         lines.setdefault(int(m.group(1)), []).append(m.group(2).rstrip())
     return {rank: "\n".join(text) for rank, text in lines.items()}
 
@@ -122,8 +113,8 @@ def split_report(text: str) -> tuple[str, str]:
     return (last_lines(text), "") if m is None else (last_lines(text[:m.start()]), text[m.start():])
 
 
-def lines_of(rank: int | None, text: str, stream: str = "stderr") -> list[str]:
-    """A rank's last words on ``stream`` as lines of an error (none if there are none).
+def lines_of(rank: int | None, text: str) -> list[str]:
+    """A rank's last words as lines of an error (none if there are none).
 
     >>> lines_of(1, "terminate called after throwing an instance of 'gloo::IoException'\\n  what():  closed")
     ["Rank 1's last output on stderr, not shown before it died:", "  terminate called after throwing an \
@@ -132,5 +123,5 @@ instance of 'gloo::IoException'", '    what():  closed']
     if not text.strip():
         return []
     who = "A rank" if rank is None else f"Rank {rank}"
-    return [f"{who}'s last output on {stream}, not shown before it died:",
+    return [f"{who}'s last output on stderr, not shown before it died:",
             *("  " + line for line in text.splitlines())]

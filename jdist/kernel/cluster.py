@@ -335,8 +335,7 @@ class ClusterSession:
         head = list(itertools.takewhile(lambda line: line.startswith("rank ") or line.endswith(" exited"), lines))
         launcher = self.launcher
         crashes = [line for rank, report in sorted(launcher.crash_reports().items(), key=lambda kv: kv[0] or 0)
-                   for line in [*lines_of(rank, launcher.last_stdout(rank), "stdout"),
-                                *lines_of(rank, launcher.last_words(rank)), *crash_lines(rank, report)]]
+                   for line in [*lines_of(rank, launcher.last_words(rank)), *crash_lines(rank, report)]]
         return [*head, *crashes, _SETUP_OUTPUT, *lines[len(head):][-SETUP_OUTPUT_LINES:]]
 
     def _setup_timed_out(self, pending: int, n: int, waited: float) -> list[str]:

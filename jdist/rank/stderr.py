@@ -1,23 +1,19 @@
-"""A rank's output through files, so that its last words before the process dies reach the notebook.
+"""A rank's fd 2 through a file, so that a library's last words before the process dies reach the notebook.
 
-The engine's ``sys.stderr`` and ``sys.stdout`` (ipykernel's ``OutStream``) buffer what Python writes for up to
-0.2 s, and forward fd 2 through a pipe read by a thread of this process: a ``print`` just before a crash, and what
-a C or C++ library writes just before it aborts, were lost with the process (:mod:`jdist.common.last_words`).
-:func:`capture` sends both through files instead: fd 2, and every Python-level write to ``sys.stderr``, go to the
-file the shell around the engine named; Python-level writes to ``sys.stdout`` to ``<that file>.stdout``. A thread of
-its own forwards what comes to the streams (as ipykernel's reader did; fd 2's bytes also to the launcher's output,
-the original fd 2) every :data:`INTERVAL_S` and whenever the stream is flushed (``print(..., flush=True)``, and the
-kernel before a cell's reply, so a cell's output stays in the cell). It notes how far it got in ``<file>.pos``;
-whatever is past that when the rank dies is shown with its death. A file starts again once :data:`ROTATE_BYTES`
-were forwarded. (C-level writes to fd 1 are not captured: they go through ipykernel's pipe as before.)
+The engine's ``sys.stderr`` (ipykernel's ``OutStream``) forwarded fd 2 through a pipe read by a thread of
+this process: what a C or C++ library writes just before it aborts was lost with the process
+(:mod:`jdist.common.last_words`). :func:`capture` points fd 2 at the file the shell around the engine named
+instead, ends ipykernel's pipe reader, and forwards what comes from a thread of its own: to the cell (the
+stream's ``write``, as ipykernel's reader did) and to the launcher's output (the original fd 2), every
+:data:`INTERVAL_S` and whenever ``sys.stderr`` is flushed (the kernel flushes it before a cell's reply, so
+the cell's output stays in the cell). It notes how far it got in ``<file>.pos``; whatever is past that when
+the rank dies is shown with its death. The file starts again once :data:`ROTATE_BYTES` were forwarded.
 
-Cost: a ``write`` system call per write to the streams (a forked child, such as a DataLoader worker, writes
-to the same files, and the rank forwards what it wrote), and a thread per stream that wakes every 0.1 s and reads
-nothing from a file; nothing else on the training thread.
+Cost: a thread that wakes every 0.1 s and reads nothing from a file; nothing on the training thread.
 
 Example (on a rank, as :func:`jdist.rank.bootstrap.setup` does)::
 
-    capture()       # True: fd 2 and sys.stderr now go to $JDIST_STDERR_FILE, sys.stdout to its .stdout file
+    capture()       # True: fd 2 now goes to $JDIST_STDERR_FILE
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, STDOUT_SUFFIX, write_pos
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, write_pos
 
 #: How often the thread looks for new output.
 INTERVAL_S = 0.1
@@ -37,33 +33,24 @@ INTERVAL_S = 0.1
 ROTATE_BYTES = 4 << 20
 
 _capture: "_Capture | None" = None
-_stdout: "_Capture | None" = None
 
 
-def capture(path: str | None = None, stream: Any = None, stdout: Any = None) -> bool:
-    """Point fd 2 and ``stream``'s writes (default: ``sys.stderr``, an engine's ``OutStream``) at ``path`` (default:
-    ``$JDIST_STDERR_FILE``), and ``stdout``'s writes (default: ``sys.stdout``) at ``path + ".stdout"``, and
-    forward them to the streams. Does nothing, and returns False, without a file, when the stream is not
-    ipykernel's (not an engine), or when it is already done. (An ``OutStream`` that does not watch fd 2, as under
-    pytest, left C-level output on the original fd 2; with this it reaches the cell too.)"""
-    global _capture, _stdout
+def capture(path: str | None = None, stream: Any = None) -> bool:
+    """Point fd 2 at ``path`` (default: ``$JDIST_STDERR_FILE``) and forward it to ``stream`` (default:
+    ``sys.stderr``, an engine's ``OutStream``). Does nothing, and returns False, without a file, when the stream
+    is not ipykernel's (not an engine), or when it is already done. (An ``OutStream`` that does not watch fd 2,
+    as under pytest, left C-level output on the original fd 2; with this it reaches the cell too.)"""
+    global _capture
     path = path or os.environ.get(STDERR_ENV)
     stream = stream if stream is not None else sys.stderr
-    stdout = stdout if stdout is not None else sys.stdout
     if _capture is not None or not path or not hasattr(stream, "_should_watch"):
         return False
     try:
-        _capture = _Capture(path, stream, fd=2)
+        _capture = _Capture(path, stream)
     except OSError as exc:  # fd 2 stays as it was: only the last words of a dying rank are at stake
         print(f"jdist: the rank's stderr stays a pipe ({path}: {exc}); what it writes just before it dies can be "
               "lost", file=sys.__stderr__)
         return False
-    if hasattr(stdout, "_should_watch"):
-        try:
-            _stdout = _Capture(path + STDOUT_SUFFIX, stdout, fd=None)
-        except OSError as exc:
-            print(f"jdist: the rank's stdout is not kept in {path + STDOUT_SUFFIX} ({exc}); what it prints just "
-                  "before it dies can be lost", file=sys.__stderr__)
     return True
 
 
@@ -73,59 +60,37 @@ def capturing() -> bool:
 
 
 class _Capture:
-    """One stream through a file: ``fd`` 2 (its C-level writes go to the file too, and are echoed to the original
-    fd 2), or None (the stream's Python-level writes only)."""
-
-    def __init__(self, path: str, stream: Any, fd: int | None):
-        self.path, self.stream, self.fd, self.pid = path, stream, fd, os.getpid()
+    def __init__(self, path: str, stream: Any):
+        self.path, self.stream, self.pid = path, stream, os.getpid()
         watching = stream._should_watch
-        self.echo_fd: int | None = None
-        if fd is not None:
-            self.echo_fd = getattr(stream, "_original_stdstream_copy", None) if watching else os.dup(fd)
+        self.echo_fd: int | None = getattr(stream, "_original_stdstream_copy", None) if watching else os.dup(2)
         self.lock = threading.Lock()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.sent = 0
         self.pos_fd = os.open(path + POS_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         write_pos(path, 0, self.pos_fd)
-        self.write_fd = -1
-        self.read_fd = self._point(path)
-        if fd is not None:
-            if watching:
-                _end_pipe_reader(stream)
-            else:  # what went to the original fd 2 stays there: faulthandler's reports (stream.fileno()), engine logs
-                stream._original_stdstream_copy = self.echo_fd
-                _keep_logs_on(self.echo_fd)
-        self.send = stream.write  # ipykernel's: what the forwarder hands the text to
+        self.read_fd = self._point_fd2(path)
+        if watching:
+            _end_pipe_reader(stream)
+        else:  # what went to the original fd 2 stays there: faulthandler's reports (stream.fileno()), engine logs
+            stream._original_stdstream_copy = self.echo_fd
+            _keep_logs_on(self.echo_fd)
         flush = stream.flush
-
-        def write(text: str) -> int:
-            if not isinstance(text, str):
-                return self.send(text)  # (ipykernel's error)
-            os.write(self.write_fd, text.encode("utf-8", "replace"))  # (a forked child too: the rank forwards it)
-            return len(text)
 
         def flush_forwarding() -> None:
             self.forward(wait=False)
             flush()
 
-        stream.write = write
         stream.flush = flush_forwarding
-        name = "jdist-stderr" if fd is not None else "jdist-stdout"
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        threading.Thread(target=self._run, name="jdist-stderr", daemon=True).start()
 
-    def _point(self, path: str) -> int:
-        """Writes (fd 2 too, if this is fd 2's) append to a new ``path``; returns a descriptor that reads it."""
+    @staticmethod
+    def _point_fd2(path: str) -> int:
+        """fd 2 appends to a new ``path``; returns a descriptor that reads it."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         read_fd = os.open(path, os.O_RDONLY)
-        if self.fd is not None:
-            os.dup2(fd, self.fd)
-            os.close(fd)
-            fd = self.fd
-        elif self.write_fd >= 0:
-            os.dup2(fd, self.write_fd)  # the same descriptor number: a write racing the move lands in one of them
-            os.close(fd)
-            fd = self.write_fd
-        self.write_fd = fd
+        os.dup2(fd, 2)
+        os.close(fd)
         return read_fd
 
     def _run(self) -> None:
@@ -162,7 +127,7 @@ class _Capture:
             n += len(data)
             text = self.decoder.decode(data)
             if text:
-                self.send(text)
+                self.stream.write(text)
             if self.echo_fd is not None:
                 try:
                     os.write(self.echo_fd, data)
@@ -173,7 +138,7 @@ class _Capture:
         """Start the file again: fd 2 moves to a new file, the old one's rest is sent, the new one takes its
         name. (A rank that dies between the move and the rename loses what it wrote in those microseconds.)"""
         new = self.path + ".new"
-        read_fd = self._point(new)
+        read_fd = self._point_fd2(new)
         self._send_all()
         os.close(self.read_fd)
         self.read_fd, self.sent = read_fd, 0

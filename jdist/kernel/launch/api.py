@@ -39,8 +39,7 @@ class RankDeath:
     """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), what the
     launcher printed (its last lines), the process's exit status (128+N: signal N; None: unknown),
     the text holding its crash report, if it crashed (:func:`jdist.common.stacks.parse_crash`), and its
-    last words: what it wrote to its stderr, and to its ``sys.stdout``, that the notebook did not get
-    (:mod:`jdist.common.last_words`)."""
+    last words: what it wrote to fd 2 that the notebook did not get (:mod:`jdist.common.last_words`)."""
 
     rank: int | None
     cause: str
@@ -48,7 +47,6 @@ class RankDeath:
     exit_code: int | None = None
     crash: str = ""
     last_words: str = ""
-    last_stdout: str = ""
 
 
 class RankLauncher(ABC):
@@ -169,10 +167,6 @@ class RankLauncher(ABC):
     def last_words(self, rank: int | None) -> str:
         """What ``rank`` wrote to its stderr (fd 2) that the notebook had not got when it ended: the last lines
         (:mod:`jdist.common.last_words`); "" if none, or where the launcher cannot tell (the base class)."""
-        return ""
-
-    def last_stdout(self, rank: int | None) -> str:
-        """The same for what its Python code wrote to ``sys.stdout``."""
         return ""
 
     @abstractmethod

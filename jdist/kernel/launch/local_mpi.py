@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, STDOUT_SUFFIX, unshown
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, unshown
 from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
 from jdist.common.stacks import (CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler,
                                  parse_sample)
@@ -263,15 +263,12 @@ class LocalMPILauncher(RankLauncher):
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
         crash = self.crash_reports().get(first, "")
         return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash,
-                         self.last_words(first), self.last_stdout(first))
+                         self.last_words(first))
 
     def last_words(self, rank: int | None) -> str:
         """What the shell around the rank's engine named as its fd 2 (``stderr-<r>`` in the work folder) holds
         past what the rank forwarded."""
         return unshown(str(self.work_dir / f"stderr-{rank}")) if rank is not None else ""
-
-    def last_stdout(self, rank: int | None) -> str:
-        return unshown(str(self.work_dir / f"stderr-{rank}{STDOUT_SUFFIX}")) if rank is not None else ""
 
     def crash_reports(self) -> dict[int | None, str]:
         """Each rank's crash file (``rank-<r>.crash`` in the work folder) that is not empty."""

@@ -39,8 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from jdist.common.last_words import (POS_SUFFIX, STDERR_ENV, STDOUT_PREFIX, STDOUT_SUFFIX, UNSHOWN_SH, from_output,
-                                     last_lines, split_report)
+from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, UNSHOWN_SH, from_output, split_report
 from jdist.common.network import (
     address_of,
     interface_of,
@@ -78,14 +77,12 @@ SHM_CLEANUP = ('if [ -f "$JDIST_SHM_NOTE" ]; then while read -r seg; do rm -f "$
 LEFT_BY_KILLED = (
     'h=$(uname -n); t="${TMPDIR:-/tmp}"; '
     'for f in "$t"/jdist-shm-"$h"-* "$t"/jdist-stderr-"$h"-*; do '
-    'pid=${f##*-}; pid=${pid%' + POS_SUFFIX + '}; pid=${pid%' + STDOUT_SUFFIX + '}; '
-    'case "$pid" in ""|*[!0-9]*) continue;; esac; e="$t/jdist-stderr-$h-$pid"; '
-    'case "$f" in "$t/jdist-shm-$h-$pid"|"$e"|"$e' + POS_SUFFIX + '"|"$e' + STDOUT_SUFFIX + '"|"$e' + STDOUT_SUFFIX
-    + POS_SUFFIX + '") ;; *) continue;; esac; [ -O "$f" ] || continue; '
+    'pid=${f##*-}; pid=${pid%.pos}; case "$pid" in ""|*[!0-9]*) continue;; esac; '
+    'case "$f" in "$t/jdist-shm-$h-$pid"|"$t/jdist-stderr-$h-$pid"|"$t/jdist-stderr-$h-$pid.pos") ;; *) continue;; '
+    'esac; [ -O "$f" ] || continue; '
     'if [ "$pid" != "$$" ] && kill -0 "$pid" 2>/dev/null; then continue; fi; '
     'n="$t/jdist-shm-$h-$pid"; if [ -f "$n" ]; then while read -r seg; do rm -f "$seg"; done < "$n"; fi; '
-    'rm -f "$n" "$e" "$e' + POS_SUFFIX + '" "$e' + STDOUT_SUFFIX + '" "$e' + STDOUT_SUFFIX + POS_SUFFIX + '"; '
-    'done 2>/dev/null; ')
+    'rm -f "$n" "$t/jdist-stderr-$h-$pid" "$t/jdist-stderr-$h-$pid' + POS_SUFFIX + '"; done 2>/dev/null; ')
 #: The rank's fd 2 goes to a file of its host (:mod:`jdist.common.last_words`): what it had not forwarded when
 #: it ended comes back as ``jdist-rank-stderr <rank> <line>`` lines before the exit line.
 REMOTE_WRAPPER = engine_shell(
@@ -93,8 +90,7 @@ REMOTE_WRAPPER = engine_shell(
             f'{STDERR_ENV}="$t/jdist-stderr-$h-$$"; export {STDERR_ENV}; '),
     started=("setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
              + "; while kill -0 $2 2>/dev/null; do sleep 0.2; done; "
-             + f"rm -f \"${STDERR_ENV}\" \"${STDERR_ENV}{POS_SUFFIX}\" \"${STDERR_ENV}{STDOUT_SUFFIX}\" "
-             + f"\"${STDERR_ENV}{STDOUT_SUFFIX}{POS_SUFFIX}\""
+             + f"rm -f \"${STDERR_ENV}\" \"${STDERR_ENV}{POS_SUFFIX}\""
              + "' jdist-shm-watch $child $$ </dev/null >/dev/null 2>&1 & "),
     after=(SHM_CLEANUP + '; rank=${PMI_RANK:-${SLURM_PROCID:--1}}; ' + UNSHOWN_SH
            + '; echo "jdist-rank-exit $rank $code"; exit $code'),
@@ -121,11 +117,6 @@ def _last_words(output: str, rank: int | None) -> str:
     """From the ``jdist-rank-stderr <rank>`` lines the shell around the rank's engine printed into the launcher's
     ``output`` after it ended: what came before its crash report."""
     return split_report(from_output(output).get(rank, ""))[0] if rank is not None else ""
-
-
-def _last_stdout(output: str, rank: int | None) -> str:
-    """The same for what its Python code wrote to ``sys.stdout`` (``jdist-rank-stdout <rank>`` lines)."""
-    return last_lines(from_output(output, STDOUT_PREFIX).get(rank, "")) if rank is not None else ""
 
 
 def _crash_reports(output: str) -> dict[int | None, str]:
@@ -387,7 +378,7 @@ class RemoteMPILauncher(RankLauncher):
             cause += f" on host {host}"
         reports = _crash_reports(output)
         return RankDeath(first, cause, output.strip()[-2000:], code, crash=reports.get(first, reports.get(None, "")),
-                         last_words=_last_words(output, first), last_stdout=_last_stdout(output, first))
+                         last_words=_last_words(output, first))
 
     def ended_by(self, output: str) -> str | None:
         """What the launcher said of a job it ended (ranks killed with their shells, or told to end), from its
@@ -396,9 +387,6 @@ class RemoteMPILauncher(RankLauncher):
 
     def last_words(self, rank: int | None) -> str:
         return _last_words(self.output(), rank)
-
-    def last_stdout(self, rank: int | None) -> str:
-        return _last_stdout(self.output(), rank)
 
     def crash_reports(self) -> dict[int | None, str]:
         """A rank here writes its crash report to its stderr file (after its last words), which the shell around

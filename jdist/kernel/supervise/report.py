@@ -149,7 +149,6 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         raise RankDied(
             f"rank {d.rank} died: {d.cause}. MPI ended the other rank(s) too "
             f"(the cell had run {result.elapsed_s:.1f} s).",
-            *lines_of(d.rank, d.last_stdout, "stdout"),
             *lines_of(d.rank, d.last_words),
             *crash_lines(d.rank, d.crash),
             *(extra or [f"Run {frontend.restart} to start fresh ranks: it replays the set-up cells and restores the "
