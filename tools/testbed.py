@@ -128,22 +128,26 @@ class Testbed:
         ns1, ns2 = (self.netns(node) for node in self.nodes)
         _sh("ip", "link", "add", VETH.format(index=1), "netns", ns1, "type", "veth",
             "peer", "name", VETH.format(index=2), "netns", ns2)
-        pids = {}
-        for index, (node, addr) in enumerate(self.nodes.items(), start=1):
-            ns = self.netns(node)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", VETH.format(index=index))
-            _sh("ip", "-n", ns, "link", "set", VETH.format(index=index), "up")
-            log = open(self.state / "log" / f"init-{node}.log", "ab")
-            # ip netns exec -> a new mount namespace; unshare: hostname, PID 1, private mounts
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", ns, "unshare", "--uts", "--pid", "--fork", "--mount", "--mount-proc",
-                 "--propagation", "private", sys.executable, str(Path(__file__).resolve()), "_init", node,
-                 "--state", str(self.state)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            pids[node] = self._child_of(proc.pid, timeout=10)
-        self.info_file.write_text(json.dumps(pids))
-        self._wait_ready(t0 + timeout)
+        pids: dict[str, int] = {}
+        try:  # a start that fails half-way ends what it started (a node left running broke the next bed)
+            for index, (node, addr) in enumerate(self.nodes.items(), start=1):
+                ns = self.netns(node)
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", VETH.format(index=index))
+                _sh("ip", "-n", ns, "link", "set", VETH.format(index=index), "up")
+                log = open(self.state / "log" / f"init-{node}.log", "ab")
+                # ip netns exec -> a new mount namespace; unshare: hostname, PID 1, private mounts
+                proc = subprocess.Popen(
+                    ["ip", "netns", "exec", ns, "unshare", "--uts", "--pid", "--fork", "--mount", "--mount-proc",
+                     "--propagation", "private", sys.executable, str(Path(__file__).resolve()), "_init", node,
+                     "--state", str(self.state)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                pids[node] = self._child_of(proc.pid, timeout=10)
+                self.info_file.write_text(json.dumps(pids))  # as each node starts: down() ends it
+            self._wait_ready(t0 + timeout)
+        except BaseException:
+            self.down()
+            raise
 
     @staticmethod
     def _child_of(pid: int, timeout: float) -> int:
