@@ -40,22 +40,29 @@ def test_the_shell_reports_the_exit_status_and_removes_the_noted_segments_after_
     assert not segment.exists() and not list(tmp_path.glob("jdist-shm-*"))
 
 
+def rank_in_shell(tmp_path: Path, segment: Path, files: str) -> subprocess.Popen:
+    """A stand-in rank in the remote shell, in a session of its own: it notes ``segment`` for the shell, runs
+    ``files`` (code that writes its stderr files), says "noted" and waits."""
+    segment.write_text("x")
+    code = (f"import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write({str(segment)!r} + '\\n')\n{files}\n"
+            "print('noted', flush=True); time.sleep(60)")
+    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    assert proc.stdout.readline().strip() == "noted"
+    return proc
+
+
 def test_what_a_step_killed_with_its_watcher_left_is_removed_by_the_next_rank_on_the_host(tmp_path):
-    # srun ends a step's tasks with SIGKILL when one dies (--kill-on-bad-exit): Slurm kills every process of
-    # the step, the watcher too, so the killed rank's segment and stderr file stay until a rank starts here again
+    # Slurm ends a step whole with SIGKILL (scancel --signal=KILL, past KillWait at a time limit): every process of
+    # the step, the watcher too, so the killed rank's segment and stderr files stay until a rank starts here again
     import os
     import platform
     import signal
 
     segment = tmp_path / "mpich_shm_test_2"
-    segment.write_text("x")
-    code = ("import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
-            "open(os.environ['JDIST_STDERR_FILE'], 'w').write('last'); open(os.environ['JDIST_STDERR_FILE'] + '.pos', "
-            "'w').write('0'); print('noted', flush=True); time.sleep(60)" % str(segment))
-    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
-                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    assert proc.stdout.readline().strip() == "noted"
+    proc = rank_in_shell(tmp_path, segment, "e = os.environ['JDIST_STDERR_FILE']\n"
+                                            "for suffix in ('', '.pos'):\n    open(e + suffix, 'w').write('0')")
     shell = psutil.Process(proc.pid)
     step = [shell, *shell.children(recursive=True)]
     for sig in (signal.SIGSTOP, signal.SIGKILL):  # the whole step at once (stopped first: none sees another end)
@@ -270,15 +277,8 @@ def test_segments_are_removed_when_the_launcher_kills_the_whole_process_group(tm
     import time
 
     segment = tmp_path / "mpich_shm_test_1"
-    segment.write_text("x")
-    code = ("import os, time; open(os.environ['JDIST_SHM_NOTE'], 'w').write(%r + '\\n'); "
-            "open(os.environ['JDIST_STDERR_FILE'], 'w').close(); "
-            "print('noted', flush=True); time.sleep(60)" % str(segment))
-    env = {"PATH": "/usr/bin:/bin", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c", code],
-                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = rank_in_shell(tmp_path, segment, "open(os.environ['JDIST_STDERR_FILE'], 'w').close()")
     try:
-        assert proc.stdout.readline().strip() == "noted"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
         deadline = time.monotonic() + 5

@@ -368,8 +368,9 @@ class RemoteMPILauncher(RankLauncher):
         output = self.output()
         # the launcher ended the job: its word says why (a time limit...), if it came before any rank's exit line
         # (srun --kill-on-bad-exit cancels its step after a rank died, and slurmstepd says CANCELLED then too)
-        exit_line = EXIT_LINE.search(output.encode())
-        said = self.ended_by(output.encode()[:exit_line.start()].decode("utf-8", "replace") if exit_line else output)
+        data = output.encode()
+        exit_line = EXIT_LINE.search(data)
+        said = self.ended_by(data[:exit_line.start()].decode("utf-8", "replace") if exit_line else output)
         if code is None:
             cause = said or "the rank's process or its host went away (no exit status came back)"
         else:
