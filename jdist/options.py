@@ -165,6 +165,11 @@ class ClusterConfig:
     precision: str = _option("fp32", ("--precision",), "Autocast precision of prepared models (fp16 adds a "
                              "GradScaler; jdist.backward applies it).", Scope.LIVE, choices=PRECISIONS,
                              applied_by="ranks", message="Precision is now {} on all ranks (prepared models included).")
+    mesh: str | None = _option(None, ("--mesh",), "A device mesh over the ranks, as `mesh` in every cell: NAME=SIZE "
+                               "pairs, e.g. dp=2,tp=2 (one size may be -1: the rest); its sizes multiply to the "
+                               "number of ranks (torch's DeviceMesh on the ranks' device).", Scope.LIVE,
+                               metavar="DIMS", applied_by="ranks",
+                               message="`mesh` is now a {} device mesh on every rank.")
     watchdog: float = _option(30.0, ("--watchdog",), "Seconds without progress, with every running rank proven "
                               "blocked in a collective, after which the cell is reported as hung with each rank's "
                               "stack and the ranks are released; healthy training that prints nothing is left alone "
@@ -226,6 +231,10 @@ class ClusterConfig:
             raise ValueError(f"--port {self.port}: use a port from 1024 to 65535, or leave --port out.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: use one of {', '.join(PRECISIONS)}.")
+        if self.mesh is not None:
+            from jdist.common.meshspec import parse_mesh
+
+            parse_mesh(self.mesh, self.n)
 
     @property
     def ranks_flag(self) -> str:

@@ -220,7 +220,8 @@ def test_cell_options_are_one_object_from_the_table():
 
 def test_the_ranks_get_their_options_values_at_set_up():
     config = ClusterConfig(n=2, threads=3)
-    assert TABLE.rank_options(config) == {"threads": 3, "precision": "fp32", "auto_metrics": True}
+    assert TABLE.rank_options(config) == {"threads": 3, "precision": "fp32", "auto_metrics": True,
+                                          "mesh": None}
 
 
 def test_two_plugins_cannot_define_one_option_differently():
@@ -240,7 +241,8 @@ def test_a_backends_option_belongs_to_it():
         table.check(config)
     ok = table.config({"n": 2, "backend": "engine", "stage": 3})
     table.check(ok)
-    assert table.rank_options(ok) == {"threads": None, "precision": "fp32", "auto_metrics": True, "stage": 3}
+    assert table.rank_options(ok) == {"threads": None, "precision": "fp32", "auto_metrics": True,
+                                         "mesh": None, "stage": 3}
     assert table.rank_options(table.config({"n": 2, "backend": "engine"}))["stage"] == 0  # its default
 
 

@@ -15,7 +15,7 @@ SCRIPT = Frontend(
     "jdist run",
     honours=frozenset({"n", "gpus", "backend", "launcher", "encrypt", "timeout", "port", "threads", "precision",
                        "watchdog", "interrupt_grace", "start_timeout", "output", "run_dir", "cluster",
-                       "auto_metrics"}),
+                       "auto_metrics", "mesh"}),
     plugins=frozenset({"launcher", "backend", "sink"}),
     refuses={
         "targets": "the script runs on every rank (select ranks inside it: if rank == 0)",

@@ -5,5 +5,6 @@
 - :mod:`~jdist.common.network`: the route's source address and interface (choosing between hosts);
 - :mod:`~jdist.common.controller`: engine states from an ipyparallel controller (kernel and server);
 - :mod:`~jdist.common.paths`: where the cluster state files are (kernel and server);
-- :mod:`~jdist.common.waiting`: ``poll_until``, every wait for a condition.
+- :mod:`~jdist.common.waiting`: ``poll_until``, every wait for a condition;
+- :mod:`~jdist.common.meshspec`: ``--mesh NAME=SIZE,...`` read and checked against the world size.
 """

@@ -66,6 +66,7 @@ RAY = Frontend(
         "debug_ranks": "breakpoint() in Ray workers is Ray's own debugger (ray debug)",
         "auto_metrics": "Ray Train's workers report through ray.train.report (jdist.ray.fit records it) and "
                         "jdist.log; no optimizer hooks are installed in Ray's processes",
+        "mesh": "each Ray worker builds its own device mesh (init_device_mesh in train_loop_per_worker)",
     },
 )
 

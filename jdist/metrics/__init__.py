@@ -12,12 +12,13 @@ no ipyparallel, widgets or torch; used by the kernel, the ranks and the server a
   :mod:`~jdist.metrics.export`: a run to TensorBoard / MLflow.
 """
 
-from .records import AUTO_METRICS, CORE_METRICS, RECORD_KEYS, Run, new_run_id, reserved
+from .records import AUTO_METRICS, CORE_METRICS, MESH_METRICS, RECORD_KEYS, Run, new_run_id, reserved
 from .runlog import RunLog, RunReader, default_run_dir, list_runs, read_records, read_run
 
 __all__ = [
     "AUTO_METRICS",
     "CORE_METRICS",
+    "MESH_METRICS",
     "RECORD_KEYS",
     "Run",
     "RunLog",

@@ -55,6 +55,15 @@ CORE_METRICS: dict[str, str] = {
 }
 
 
+#: Automatic metrics whose names come from the code's device meshes (one field per dimension name), on every
+#: record of a rank once a mesh is built: pattern -> meaning.
+MESH_METRICS: dict[str, str] = {
+    "comm_time_<dim>_s": "the part of comm_time_s on one dimension of the device meshes the code built (--mesh, "
+    "init_device_mesh: comm_time_dp_s, comm_time_tp_s...): collectives on that dimension's groups, DTensor's "
+    "functional collectives (tensor and sequence parallel), FSDP on its dimension, DDP on its group; one field "
+    "per dimension, 0 where it did not communicate",
+}
+
 
 @cache
 def _auto_metrics() -> dict[str, str]:
@@ -82,6 +91,15 @@ class _AutoMetrics(Mapping[str, str]):
 
 #: Automatic metrics added to every record: name -> meaning (jdist's own, then plugins').
 AUTO_METRICS: Mapping[str, str] = _AutoMetrics()
+
+
+def is_dim_comm(name: str) -> bool:
+    """Whether ``name`` is a mesh dimension's communication time (``comm_time_<dim>_s``, automatic).
+
+    >>> is_dim_comm("comm_time_tp_s"), is_dim_comm("comm_time_s"), is_dim_comm("loss")
+    (True, False, False)
+    """
+    return name.startswith("comm_time_") and name.endswith("_s") and len(name) > len("comm_time__s")
 
 
 @cache
@@ -494,8 +512,13 @@ class Run:
         """User-logged scalar names, in first-seen order (automatic metrics excluded)."""
         auto = _auto_metrics()
         store = self._data()
-        names = [m for m in list(store.fields)[2:] if m not in auto]
-        return names + [m for m in self._unstepped if m not in auto and m not in names]
+        names = [m for m in list(store.fields)[2:] if m not in auto and not is_dim_comm(m)]
+        return names + [m for m in self._unstepped if m not in auto and m not in names and not is_dim_comm(m)]
+
+    @property
+    def comm_dims(self) -> list[str]:
+        """The mesh dimensions whose communication the records time (``comm_time_<dim>_s``), first seen first."""
+        return [m[len("comm_time_"):-2] for m in list(self._data().fields) if is_dim_comm(m)]
 
     @property
     def ranks(self) -> list[int]:
@@ -604,7 +627,8 @@ class Run:
         store = self._data()
         auto = list(AUTO_METRICS)
         names = self.metric_names
-        cols = ["rank", "step", "time", *names, *[m for m in auto if m not in names]]
+        dims = [f"comm_time_{d}_s" for d in self.comm_dims]
+        cols = ["rank", "step", "time", *names, *[m for m in auto if m not in names], *dims]
         if not self._count:
             return pd.DataFrame(columns=cols)
         order = sorted(range(len(store.ranks)), key=store.ranks.__getitem__)

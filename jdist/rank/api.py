@@ -102,7 +102,7 @@ def log(step: int | None = None, *, batch_size: int | None = None, **scalars: An
     }
     deferred = None
     for name, value in scalars.items():
-        if name in RESERVED:
+        if name in RESERVED or name.startswith("comm_time_"):  # (comm_time_<dim>_s: a mesh dimension's)
             raise ValueError(f"jdist.log: {name!r} is a reserved metric name; log it under another name.")
         kind = type(value)
         if kind is float or kind is int:
@@ -136,6 +136,16 @@ def precision() -> str:
     'bf16'
     """
     return session().train.precision
+
+
+def mesh() -> Any:
+    """The ``--mesh`` device mesh of this rank (``mesh`` in the cells; a script run by ``jdist run --mesh``
+    asks for it here), or None without ``--mesh``.
+
+    >>> jdist.mesh()["tp"].size()   # doctest: +SKIP
+    2
+    """
+    return session().mesh
 
 
 def _number(name: str, value: Any) -> float | int:

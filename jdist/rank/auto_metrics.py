@@ -61,6 +61,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import TIMING, CommTimer
+from .mesh.dims import DIMS
+from .mesh.timing import group_position, time_functional_collectives
 from .sources import ON_DEVICE, on_default_stream
 from .stream import UNSAMPLED, Entry
 
@@ -107,7 +109,8 @@ class AutoSteps:
         self.uninstall: list[Callable[[], None]] = []  # what the hooks' installers return
         self.mute = 0  # > 0 inside an engine's backward that reported its loss itself
         self.backward_depth = 0  # > 0 inside torch.autograd.backward (its wrapper)
-        self.comm_starts: list[Any] = []  # DDP buckets in flight: their ends are the backward's end
+        self.comm_starts: list[tuple[Any, str | None]] = []  # DDP buckets in flight (start, mesh dimension):
+        # their ends are the backward's end
         self.kind = session.ctx.device_kind
         self.integration = False  # a framework integration logs on this rank (logs_itself): for every cell
         self.reduced: list[_Reduced] = []  # DDPs their reducer times
@@ -142,12 +145,12 @@ class AutoSteps:
 
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            for start in starts:
-                timer.record_cuda(start, end)
+            for start, dim in starts:
+                timer.record_cuda(start, end, dim)
         else:
             end = time.perf_counter()
-            for start in starts:
-                timer.record(start, end)
+            for start, dim in starts:
+                timer.record(start, end, dim)
 
     def time_by_reducer(self, ddp: Any) -> None:
         """Time a CPU ``DistributedDataParallel``'s all-reduce with its reducer's own clock (DDP's runtime
@@ -166,7 +169,7 @@ class AutoSteps:
                 return True
         return False
 
-    def _reduced(self, now: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]], bool]:
+    def _reduced(self, now: bool) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], bool]:
         """The communication intervals of the backward passes DDP's reducers timed that were not read yet:
         ``(the held step's, this step's, whether the held step's are all there)`` (not: a DDP that ran in it was
         not read at this step, or its reducer did not time that iteration, or its interval was overwritten).
@@ -177,8 +180,8 @@ class AutoSteps:
         the integers are read (the whole logging data, strings too, as
         ``DistributedDataParallel._get_ddp_logging_data`` gives it, costs about 10 µs more)."""
         held_ends = self.held[0]["time"] if self.held is not None and not now else None  # (the wall clock)
-        late: list[tuple[float, float]] = []
-        own: list[tuple[float, float]] = []
+        late: list[tuple[Any, ...]] = []  # (start, end, mesh dimension or None)
+        own: list[tuple[Any, ...]] = []
         for r in list(self.reduced):
             ddp = r.ref()
             if ddp is None:
@@ -205,8 +208,10 @@ class AutoSteps:
                     pass  # the DDP's last iteration before a pause, noted when it ran again: its step went out
                 else:
                     r.timed = (step, r.timed[0]) if step != r.timed[0] else r.timed
-                    (late if held else own).append((data["backward_comm_time_start"] * 1e-9 - self.clock,
-                                                    end * 1e-9 - self.clock))
+                    interval: tuple[Any, ...] = (data["backward_comm_time_start"] * 1e-9 - self.clock,
+                                                 end * 1e-9 - self.clock)
+                    dim = DIMS.of(ddp.process_group) if DIMS.order else None
+                    (late if held else own).append(interval if dim is None else (*interval, dim))
                 self._pace(r, ddp, data.get("iteration", 0), now)
         step = self.steps  # the next read: of the DDPs running now (one that resumes lowers it at its forward)
         self.next_read = min((r.next_read for r in self.reduced if step in r.used or step - 1 in r.used),
@@ -252,7 +257,7 @@ class AutoSteps:
         self.steps = step = self.steps + 1
         s = self.session
         timer = s.timer
-        late: list[tuple[float, float]] = []  # the held step's
+        late: list[tuple[Any, ...]] = []  # the held step's
         late_complete = own_complete = True
         explicit = self.explicit
         if self.reduced:
@@ -261,12 +266,12 @@ class AutoSteps:
                     late_complete = not self.missing(step - 1)
                 else:  # what the DDPs noted at this step's forwards
                     late, own, late_complete = self._reduced(now=False)
-                    for start, end in own:
-                        timer.record(start, end)
+                    for interval in own:
+                        timer.record(*interval)
             if explicit or self.backwards > 1:  # this step's own, for its record or jdist.log
                 _, own, _ = self._reduced(now=True)
-                for start, end in own:
-                    timer.record(start, end)
+                for interval in own:
+                    timer.record(*interval)
                 own_complete = not self.missing(step)
         now = time.perf_counter()
         roots, self.roots, self.backwards = self.roots, [], 0
@@ -304,7 +309,7 @@ class AutoSteps:
             own = self._reduced(now=True)[1] if self.reduced else []
             self._queue(held, own, not self.missing(self.steps))
 
-    def _queue(self, entry: Entry, late: list[tuple[float, float]] | None = None, complete: bool = True) -> None:
+    def _queue(self, entry: Entry, late: list[tuple[Any, ...]] | None = None, complete: bool = True) -> None:
         """Hand a held step to the session; ``late``: its DDP intervals, read after it was held (``complete``:
         every DDP's; else the record has no comm time)."""
         rec, now, intervals, events, forwards, roots = entry
@@ -403,8 +408,10 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
       :data:`COLLECTIVES` through ``torch.distributed`` (the script's own ``dist.all_reduce``; FSDP2's
       all-gathers and reduce-scatters, which it issues through them; DeepSpeed's). A collective issued
       from C++ without passing through Python (DDP's built-in all-reduce, were the hook refused; NCCL
-      work inside compiled graphs; functional collectives ``torch.distributed._functional_collectives``)
-      and ``barrier`` are not timed. An asynchronous collective counts until its future completes.
+      work inside compiled graphs) and ``barrier`` are not timed. An asynchronous collective counts until its
+      future completes. DTensor's functional collectives (tensor and sequence parallel) are timed from their
+      issue to their wait (:mod:`jdist.rank.mesh.timing`); each interval names its mesh dimension
+      (:data:`jdist.rank.mesh.dims.DIMS`) when the collective's group is one.
     """
     import torch
     import torch.distributed as dist
@@ -468,8 +475,13 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     undo.append(patch(GradScaler, "step", make_step))
 
     def make_collective(real: Any) -> Any:
+        at = group_position(real)
+
         def collective(*args: Any, **kwargs: Any) -> Any:
-            return timed_call(timer, kind, lambda: real(*args, **kwargs), bool(kwargs.get("async_op")))
+            dim = None
+            if DIMS.order:  # a device mesh was built: the collective's group is one of its dimensions?
+                dim = DIMS.of(args[at] if at is not None and len(args) > at else kwargs.get("group"))
+            return timed_call(timer, kind, lambda: real(*args, **kwargs), bool(kwargs.get("async_op")), dim)
 
         collective.__wrapped__ = real  # type: ignore[attr-defined]
         collective.__name__ = getattr(real, "__name__", "collective")
@@ -501,6 +513,7 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
         return __init__
 
     undo.append(patch(DistributedDataParallel, "__init__", make_init))
+    undo.append(time_functional_collectives(timer, kind))  # DTensor's: tensor and sequence parallel
 
     def make_forward(real: Any) -> Any:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -579,17 +592,18 @@ def timed_comm_hook(timer: CommTimer, kind: str) -> Callable[[Any, Any], Any]:
         fut = start_allreduce(state, bucket)
         direct = state is None or state.inner is None
         steps = state.steps if state is not None else None
+        dim = DIMS.of(state.group if state is not None else None) if DIMS.order else None
         if steps is not None and steps.backward_depth:  # ended by the backward wrapper
-            steps.comm_starts.append(start)
+            steps.comm_starts.append((start, dim))
             return fut.then(_first) if direct else fut
 
         def done(f: Any) -> Any:
             if cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()  # on the stream the result is ready on
-                timer.record_cuda(start, end)
+                timer.record_cuda(start, end, dim)
             else:
-                timer.record(start, time.perf_counter())
+                timer.record(start, time.perf_counter(), dim)
             return f.value()[0] if direct else f.value()
 
         return fut.then(done)

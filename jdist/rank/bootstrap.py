@@ -72,12 +72,24 @@ def _setup(config: SetupConfig) -> RankInfo:
     guard = install_guard(spec, world.rank, None if network else config.get("work_dir"), data_pub)
     s = start_session(world, device, master_addr, spec, guard, data_pub, config,
                       {k: v for k, v in options.items() if k in own}, backend_cls())
+    learn_meshes(s)
     apply_options(s, {k: v for k, v in options.items() if k not in own}, at_start=True)
     open_namespace(s)
     if config.get("owner"):
         process.watch_owner(config["owner"], world.rank == 0)
     s.report_env = tuple(config.get("report_env") or ())
     return describe_rank(s)
+
+
+def learn_meshes(s: RankSession) -> None:
+    """On torch ranks, every device mesh the code builds is noted with its dimension names (the records'
+    communication time per dimension: :mod:`jdist.rank.mesh.dims`)."""
+    from .backends.torch_group import TorchBackend
+
+    if isinstance(s.backend, TorchBackend):
+        from .mesh.dims import learn_meshes as install
+
+        install()
 
 
 def watch_setup(config: SetupConfig) -> Callable[[], None]:
@@ -296,6 +308,12 @@ def _set_precision(s: RankSession, precision: str | None) -> None:
     apply_precision(s, precision or "fp32")
 
 
+def _set_mesh(s: RankSession, text: str | None) -> None:
+    from .mesh.api import set_mesh
+
+    set_mesh(s, text)
+
+
 def _set_auto_metrics(s: RankSession, on: bool | None) -> None:
     from .auto_metrics import disable, enable
 
@@ -311,6 +329,7 @@ APPLY: dict[str, Callable[[RankSession, Any], None]] = {
     "threads": _set_threads,
     "precision": _set_precision,
     "auto_metrics": _set_auto_metrics,
+    "mesh": _set_mesh,
 }
 
 

@@ -90,6 +90,10 @@ def rebuild_group() -> dict[str, Any]:
             elif done is False:
                 stale.append(label)
     kept, lost = s.backend.describe_rebuild(sorted(reattached), sorted(stale)) if s.backend else (None, None)
+    remade = s.ctx.remade if s.backend is not None else None  # a mesh's groups (jdist.rank.mesh.groups)
+    if remade is not None:
+        kept = "; ".join(filter(None, [kept, remade.kept()])) or None
+        lost = "; ".join(filter(None, [lost, remade.lost()])) or None
     return {"released_from": released, "reattached": sorted(reattached), "stale": sorted(stale), "kept": kept,
             "lost": lost}
 

@@ -124,6 +124,8 @@ class RankSession:
     comm_timed: bool = True
     #: The automatic step records (``--auto-metrics on``: :class:`jdist.rank.auto_metrics.AutoSteps`), or None.
     auto: Any = None
+    #: ``--mesh``'s ``DeviceMesh`` (``mesh`` in the cells: :func:`jdist.rank.mesh.api.set_mesh`), or None.
+    mesh: Any = None
 
     @property
     def backend_name(self) -> str:

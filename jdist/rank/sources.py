@@ -31,7 +31,8 @@ import resource
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from .backends.base import StateBytes, merged_seconds
+from .backends.base import StateBytes, merged_seconds, seconds_by_dim
+from .mesh.dims import DIMS
 from .stream import COMM, DEFERRED, EVENTS, FORWARDS, REC, UNSAMPLED, Entry, T
 
 if TYPE_CHECKING:
@@ -203,7 +204,8 @@ class StepTiming:
 
     CPU ranks: the union of the communication intervals recorded between the two logs. GPU
     ranks: CUDA timing events, read when the batch is published, once they completed, so that
-    no step waits for the GPU. A session whose communication nothing times
+    no step waits for the GPU. With device meshes (:mod:`jdist.rank.mesh.dims`), ``comm_time_<dim>_s`` per
+    dimension (the part of ``comm_time_s`` on that dimension's groups). A session whose communication nothing times
     (:attr:`~jdist.rank.session.RankSession.comm_timed`: torchrun's or Ray Train's process group) has
     step time only.
     """
@@ -230,14 +232,25 @@ class StepTiming:
             step_time = t - t_last
             t_last = t
             rec["step_time_s"] = step_time
+            dims = DIMS.order
             if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed: None, as a
                 rec["comm_time_s"] = rec["compute_time_s"] = None  # missing field is (same fields: the fast batch)
+                for dim in dims:
+                    rec[f"comm_time_{dim}_s"] = None
                 continue
             comm = merged_seconds(entry[COMM]) if entry[COMM] else 0.0
+            by_dim = seconds_by_dim(entry[COMM]) if dims and entry[COMM] else None
             if entry[EVENTS]:
-                comm += sum(start.elapsed_time(end) for start, end in entry[EVENTS]) / 1e3
+                comm += sum(ev[0].elapsed_time(ev[1]) for ev in entry[EVENTS]) / 1e3
+                if dims:
+                    by_dim = by_dim or {}
+                    for ev in entry[EVENTS]:
+                        if len(ev) > 2:
+                            by_dim[ev[2]] = by_dim.get(ev[2], 0.0) + ev[0].elapsed_time(ev[1]) / 1e3
             rec["comm_time_s"] = comm = min(comm, step_time)
             rec["compute_time_s"] = step_time - comm
+            for dim in dims:  # every dimension of the meshes the code built, 0 where it did not communicate
+                rec[f"comm_time_{dim}_s"] = min(by_dim.get(dim, 0.0), comm) if by_dim else 0.0
         self.t_last = t_last
 
 

@@ -85,6 +85,9 @@ class RankContext:
     guard: Any = None
     #: The values of the backend's own options (its :class:`jdist.plugins.BackendSpec`'s), by name.
     options: dict[str, Any] = field(default_factory=dict)
+    #: What the last re-creation of the group did for the groups beyond it (a device mesh's):
+    #: :class:`jdist.rank.mesh.groups.RestoreReport`, None before any.
+    remade: Any = None
 
     @property
     def single_host(self) -> bool:
@@ -99,15 +102,15 @@ class RankContext:
         return datetime.timedelta(seconds=self.timeout_s)
 
 
-def merged_seconds(intervals: Sequence[tuple[float, float]]) -> float:
-    """Seconds covered by wall-clock intervals, overlaps counted once.
+def merged_seconds(intervals: Sequence[tuple[Any, ...]]) -> float:
+    """Seconds covered by wall-clock intervals ``(start, end)`` or ``(start, end, dim)``, overlaps counted once.
 
-    >>> merged_seconds([(1.0, 1.5), (1.25, 2.0), (3.0, 3.5)])
+    >>> merged_seconds([(1.0, 1.5), (1.25, 2.0, "tp"), (3.0, 3.5)])
     1.5
     """
     total = 0.0
     end_so_far = float("-inf")
-    for start, end in sorted(intervals):
+    for start, end, *_ in sorted(intervals, key=_start_end):
         start = max(start, end_so_far)
         if end > start:
             total += end - start
@@ -115,12 +118,33 @@ def merged_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
+def _start_end(interval: tuple[Any, ...]) -> tuple[float, float]:
+    return interval[0], interval[1]
+
+
+def seconds_by_dim(intervals: Sequence[tuple[Any, ...]]) -> dict[str, float] | None:
+    """The seconds of the intervals that name a mesh dimension, per dimension (overlaps within one counted once);
+    None when none names one.
+
+    >>> seconds_by_dim([(1.0, 1.5, "tp"), (1.25, 2.0, "tp"), (3.0, 3.5, "dp"), (4.0, 5.0)])
+    {'tp': 1.0, 'dp': 0.5}
+    >>> seconds_by_dim([(1.0, 2.0)]) is None
+    True
+    """
+    by: dict[str, list[tuple[Any, ...]]] = {}
+    for interval in intervals:
+        if len(interval) > 2:
+            by.setdefault(interval[2], []).append(interval)
+    return {dim: merged_seconds(group) for dim, group in by.items()} if by else None
+
+
 class CommTimer:
     """Collects communication intervals; ``jdist.log`` hands them over unread, once per step.
 
     CPU: wall-clock intervals (``time.perf_counter``), summed with overlaps counted once when
     the records are completed (:func:`merged_seconds`). CUDA: pairs of timing
-    events, read once they completed, at publish time, so no step ever waits for the GPU.
+    events, read once they completed, at publish time, so no step ever waits for the GPU. An interval of a
+    collective on a device mesh's dimension carries the dimension's name as a third item (``comm_time_<dim>_s``).
 
     >>> t = CommTimer(); t.record(1.0, 1.5)
     >>> t.take_intervals(), t.take_intervals()
@@ -131,16 +155,17 @@ class CommTimer:
         self._intervals: list[tuple[float, float]] = []
         self._events: list[tuple[Any, Any]] = []
 
-    def record(self, start: float, end: float) -> None:
-        """One wall-clock interval (seconds, perf_counter). Called from comm-hook threads too:
-        ``list.append`` is atomic, and :meth:`take_intervals` swaps the list before anyone reads it."""
-        self._intervals.append((start, end))
+    def record(self, start: float, end: float, dim: str | None = None) -> None:
+        """One wall-clock interval (seconds, perf_counter), on mesh dimension ``dim`` if given. Called from
+        comm-hook threads too: ``list.append`` is atomic, and :meth:`take_intervals` swaps the list before anyone
+        reads it."""
+        self._intervals.append((start, end) if dim is None else (start, end, dim))
 
-    def record_cuda(self, start_event: Any, end_event: Any) -> None:
-        """One pair of ``torch.cuda.Event(enable_timing=True)`` around a collective."""
-        self._events.append((start_event, end_event))
+    def record_cuda(self, start_event: Any, end_event: Any, dim: str | None = None) -> None:
+        """One pair of ``torch.cuda.Event(enable_timing=True)`` around a collective (on mesh dimension ``dim``)."""
+        self._events.append((start_event, end_event) if dim is None else (start_event, end_event, dim))
 
-    def take_intervals(self) -> list[tuple[float, float]] | None:
+    def take_intervals(self) -> list[tuple[Any, ...]] | None:
         """The wall-clock intervals recorded since the last call (None: none), unread."""
         intervals = self._intervals
         if not intervals:
@@ -247,20 +272,21 @@ def count_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], bytes_of
 TIMING = [0]
 
 
-def timed_call(timer: CommTimer | None, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
+def timed_call(timer: CommTimer | None, kind: str, call: Callable[[], Any], async_op: bool,
+               dim: str | None = None) -> Any:
     """Run one collective (``call``) and report its interval to ``timer``: wall clock on CPU
-    ranks (an async one: until its future completes), a pair of CUDA events on GPU ranks.
-    Inside another timed collective (:data:`TIMING`) it only runs it."""
+    ranks (an async one: until its future completes), a pair of CUDA events on GPU ranks; ``dim``: the mesh
+    dimension of its group. Inside another timed collective (:data:`TIMING`) it only runs it."""
     if timer is None or TIMING[0]:
         return call()
     TIMING[0] += 1
     try:
-        return _timed_call(timer, kind, call, async_op)
+        return _timed_call(timer, kind, call, async_op, dim)
     finally:
         TIMING[0] -= 1
 
 
-def _timed_call(timer: CommTimer, kind: str, call: Callable[[], Any], async_op: bool) -> Any:
+def _timed_call(timer: CommTimer, kind: str, call: Callable[[], Any], async_op: bool, dim: str | None) -> Any:
     if kind == "cuda":
         import torch
 
@@ -272,21 +298,21 @@ def _timed_call(timer: CommTimer, kind: str, call: Callable[[], Any], async_op: 
             def done(fut: Any) -> Any:
                 end_ev = torch.cuda.Event(enable_timing=True)
                 end_ev.record()
-                timer.record_cuda(start_ev, end_ev)
+                timer.record_cuda(start_ev, end_ev, dim)
                 return fut.value()
 
             work.get_future().then(done)
         else:
             end_ev = torch.cuda.Event(enable_timing=True)
             end_ev.record()
-            timer.record_cuda(start_ev, end_ev)
+            timer.record_cuda(start_ev, end_ev, dim)
         return work
     start = time.perf_counter()
     work = call()
     if work is not None and async_op and hasattr(work, "get_future"):
-        work.get_future().then(lambda fut: timer.record(start, time.perf_counter()))
+        work.get_future().then(lambda fut: timer.record(start, time.perf_counter(), dim))
     else:
-        timer.record(start, time.perf_counter())
+        timer.record(start, time.perf_counter(), dim)
     return work
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .torch_group import TorchBackend
+from ..mesh.dims import DIMS
 from .base import CommTimer, timed_call
 
 #: The file with jdist's part of a sharded checkpoint (step, RNG states, scheduler...).
@@ -221,8 +222,11 @@ class FSDPBackend(TorchBackend):
         return meta
 
     def reattach(self, model: Any, group: Any) -> bool | None:
-        # the device mesh of fully_shard holds the old group: the model must be prepared again
-        return False
+        # the re-made groups replaced the old ones in FSDP's mesh info (jdist.rank.mesh.groups.restore); a model
+        # that still holds an old group must be prepared again
+        from ..mesh.groups import fsdp_groups_live
+
+        return fsdp_groups_live(model)
 
 
 def _dtype(value: Any) -> Any:
@@ -255,7 +259,8 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
             call = super().__call__
-            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, async_op), async_op)
+            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, async_op), async_op,
+                              DIMS.of(group) if DIMS.order else None)
 
     class TimedReduceScatter(DefaultReduceScatter):
         def __init__(self, timer: CommTimer | None, kind: str) -> None:
@@ -263,7 +268,8 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
             call = super().__call__
-            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, op, async_op), async_op)
+            return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, op, async_op),
+                              async_op, DIMS.of(group) if DIMS.order else None)
 
     _COMM_CLASSES = (TimedAllGather, TimedReduceScatter)
     return _COMM_CLASSES

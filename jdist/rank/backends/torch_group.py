@@ -132,14 +132,18 @@ def _tcp_store(ctx: RankContext) -> Any:
 
 
 def recreate_process_group(ctx: RankContext) -> Any:
-    """Destroy the (broken) default group and make a new one on every rank; returns it.
+    """Destroy the (broken) default group and make a new one on every rank; returns it. The groups beyond it
+    (a device mesh's, ``new_group``'s) are made again under their names, and the objects that held the old
+    ones hold the new ones (:mod:`jdist.rank.mesh.groups`; what it did: ``ctx.remade``).
 
     Collective over MPI, not over the old group, so it works when that group is broken.
     """
     import torch.distributed as dist
 
+    from ..mesh import groups
     from ..torchrun import real_destroy_process_group
 
+    kept = groups.snapshot()  # a mesh's groups and new_group's, made again under their names below
     if dist.is_initialized():
         try:
             real_destroy_process_group()
@@ -155,6 +159,12 @@ def recreate_process_group(ctx: RankContext) -> Any:
         except FileNotFoundError:
             pass
     init_process_group(ctx)
+    from ..guard import socket_fds
+
+    before = socket_fds()
+    ctx.remade = groups.restore(kept)
+    if ctx.guard is not None:
+        ctx.guard.note_group_sockets(before, more=True)
     return dist.distributed_c10d._get_default_group()
 
 

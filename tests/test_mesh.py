@@ -1,0 +1,89 @@
+"""Model parallelism on one real 4-rank MPI cluster of CPU ranks (gloo), nothing mocked (docs/model-parallel.md):
+``--mesh`` as ``mesh`` in the cells (at start, changed live, bad values), tensor parallel and FSDP + TP on a
+2-D ``("dp", "tp")`` mesh (the cell's own ``fully_shard`` and ``parallelize_module``) with the communication time of each dimension in the records, and the fault
+promise on meshes: after a release, the 2-D model, the mesh's groups and a ``new_group`` of the cell's work
+in the next cell, and so does a model ``jdist.prepare`` sharded (``--backend fsdp``). Unit tests of the parts: tests/test_meshspec.py, the docstrings of jdist/rank/mesh/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MODEL = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
+from torch.distributed.fsdp import fully_shard
+torch.manual_seed(0)
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+model = MLP()
+parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+fully_shard(model, mesh=mesh["dp"])
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def train(steps):
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + mesh.get_local_rank("dp"))  # same batch within a tp group
+        x = torch.randn(16, 64, generator=g)
+        loss = model(x).pow(2).mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+"""
+
+
+@pytest.fixture(scope="module")
+def meshed(kernel):
+    out = kernel.run("%%distributed -n 4 --backend fsdp --timeout 60 --mesh dp=-1,tp=2\n"
+                     "print(tuple(mesh.mesh.shape), mesh.mesh_dim_names)")
+    assert out.error is None, out.shown
+    return kernel
+
+
+def test_mesh_is_defined_changed_live_and_refused_in_one_line(meshed):
+    out = meshed.run("%%distributed --output all\nprint(mesh.get_local_rank('dp'), mesh.get_local_rank('tp'))")
+    assert sorted(out.stdout.split("\n")[:-1]) == ["[rank 0] 0 0", "[rank 1] 0 1", "[rank 2] 1 0", "[rank 3] 1 1"], \
+        out.stdout
+    live = meshed.run("%%distributed --mesh tp=4\nprint(tuple(mesh.mesh.shape), mesh.mesh_dim_names, jdist.mesh() is mesh)")
+    assert "`mesh` is now a tp=4 device mesh on every rank." in live.stdout, live.shown
+    assert "(4,) ('tp',) True" in live.stdout, live.stdout
+    for bad, line in [("dp=3", "--mesh dp=3 is 3 ranks, but the cluster has 4: e.g. --mesh dp=4 (or dp=-1)."),
+                      ("dp=2,dp=2", "--mesh dp=2,dp=2 names dp twice: give each dimension once, e.g. --mesh dp=2,tp=2"),
+                      ("dp=-1,tp=-1", "--mesh dp=-1,tp=-1: only one size may be -1 (the rest of the 4 ranks), e.g. "
+                                      "--mesh dp=-1,tp=2.")]:
+        out = meshed.run(f"%%distributed --mesh {bad}\npass", allow_error=True)
+        assert out.error is not None and line in out.shown, (bad, out.shown)
+    back = meshed.run("%%distributed --mesh dp=-1,tp=2\nprint(tuple(mesh.mesh.shape))")
+    assert "(2, 2)" in back.stdout, back.shown
+
+
+def test_fsdp_plus_tp_times_each_dimension_and_survives_a_release(meshed):
+    """The 2-D model: comm_time_dp_s (FSDP's all-gathers and reduce-scatters) and comm_time_tp_s (DTensor's
+    functional collectives) in every record, within comm_time_s; then one rank raises while the others wait in
+    an all-reduce, and the next cell trains the same model on the re-made groups."""
+    out = meshed.run("%%distributed\n" + MODEL + "before = train(4)\npair = dist.new_group([0, 1])\n"
+                     "small = jdist.prepare(nn.Linear(4, 1))  # FSDP on jdist's world group")
+    assert out.error is None, out.shown
+    records = meshed.value("[(r['rank'], r['comm_time_s'], r.get('comm_time_dp_s'), r.get('comm_time_tp_s')) "
+                           "for r in jdist.last_run().records]")
+    assert len(records) == 16, records
+    for rank, comm, dp, tp in records[4:]:  # (the first step of each rank: its set-up)
+        assert comm is None or (dp > 0 and tp > 0 and dp + tp <= comm * 1.001 + 1e-6), records
+    assert meshed.value("jdist.last_run().comm_dims") == ["dp", "tp"]
+    failed = meshed.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\n"
+                        "dist.all_reduce(torch.ones(1))", allow_error=True, timeout=120)
+    tb = failed.traceback
+    assert "ValueError: bad shard" in tb and "variables on the ranks are kept" in tb, tb
+    assert "other process groups (device meshes, new_group) were made again under their names" in tb, tb
+    assert "FSDP model(s) small now use the new group" in tb, tb
+    after = meshed.run("%%distributed --output all\nlosses = train(2)\nprint(all(l == l for l in losses))\n"
+                       "x = torch.ones(1)\nif rank < 2:\n    dist.all_reduce(x, group=pair)\n"
+                       "t = torch.ones(1); dist.all_reduce(t, group=mesh.get_group('tp'))\nprint(int(x.item()), int(t.item()))\n"
+                       "small(torch.ones(2, 4)).sum().backward()")
+    assert after.error is None, after.shown
+    lines = sorted(line.split("] ", 1)[-1] for line in after.stdout.split("\n") if line.startswith("[rank"))
+    assert lines == ["1 2", "1 2", "2 2", "2 2", "True", "True", "True", "True"], after.stdout + after.stderr
