@@ -250,9 +250,22 @@ class HostMessage(TypedDict):
     gpus: list[GpuSample]
 
 
+class PipelineMessage(TypedDict):
+    """A rank's pipeline actions (``torch.distributed.pipelining``'s schedules, :mod:`jdist.rank.mesh.pipeline`),
+    sent with its records: one row per forward ("F"), backward ("B") or weight-gradient ("W") action of a
+    micro-batch, ``[step, rank, stage, microbatch, action, start, end]`` (unix seconds; ``step``: the record's)."""
+
+    v: int
+    kind: Literal["pipeline"]
+    cell: int
+    rank: int
+    rows: list[list[Any]]
+
+
 DataMessage = Union[RecordsMessage, ProgressMessage, CellEndMessage, CheckpointEveryMessage, CheckpointSavedMessage,
-                    TuneMessage, DebugMessage, DapMessage, HostMessage]
-_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug", "dap", "host"}
+                    TuneMessage, DebugMessage, DapMessage, HostMessage, PipelineMessage]
+_KINDS = {"records", "progress", "cell_end", "checkpoint_every", "checkpoint_saved", "tune", "debug", "dap", "host",
+          "pipeline"}
 
 
 def parse_message(payload: Any) -> DataMessage | None:
@@ -488,7 +501,8 @@ class HeatmapPanel(TypedDict):
     byte per cell, row by row: 0..254 from ``low`` to ``high`` (linear), 255 no value; ``x``: the
     last step of each column; ``groups``: the rows' hosts, each ``[host, first row, rows]``
     (empty on one host); ``colors``: the colour scale from ``low`` to ``high``, evenly spaced
-    stops to interpolate between."""
+    stops to interpolate between; ``legend``: ``[name, colour]`` of the values that are categories (the
+    pipeline's actions: drawn as a legend instead of the colour scale; empty: a scale)."""
 
     key: str
     kind: Literal["heatmap"]
@@ -502,6 +516,7 @@ class HeatmapPanel(TypedDict):
     low: float | None
     high: float | None
     colors: list[str]
+    legend: list[tuple[str, str]]
 
 
 class TablePanel(TypedDict):

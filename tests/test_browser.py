@@ -10,7 +10,8 @@ the ranks are idle again), that the notebook dashboard rendered, that a ``jdist.
 is listed in the sidebar while it runs and its view opens, that JupyterLab's Debugger panel stops
 rank 1 of a ``%%distributed`` cell at a gutter breakpoint with its stack and variables, and that the run
 view of a 256-rank run (written with the kernel's run log) shows the large-world panels: the slowest
-ranks with their hosts, rank × step heatmaps grouped by host. Screenshots go to ``build/screenshots/``.
+ranks with their hosts, rank × step heatmaps grouped by host, and that of a pipeline run its Gantt chart and
+the communication of each mesh dimension. Screenshots go to ``build/screenshots/``.
 """
 
 from __future__ import annotations
@@ -378,6 +379,81 @@ def wide_run(run_dir: Path, world: int = 256, steps: int = 120) -> str:
     return run.run_id
 
 
+def pipeline_run(run_dir: Path, p: int = 4, m: int = 4, steps: int = 6) -> str:
+    """A finished 4-rank run of a GPipe schedule on a ("dp", "tp") mesh as jdist records it (rows and records
+    in the shapes jdist.rank.mesh.pipeline sends), written with the kernel's own run log: 20 ms forwards and
+    backwards, a 120 ms step."""
+    from jdist.metrics import Run, RunLog, new_run_id
+
+    run = Run(new_run_id(), p, backend="ddp", code="# a 4-stage GPipe", started=time.time() - 60)
+    log = RunLog(run, run_dir)
+    cost = 0.02
+    for step in range(steps):
+        t0 = run.started + step * (m + p) * 2 * cost
+        recs = []
+        for r in range(p):
+            rows = [[step, r, r, i, "F", t0 + (r + i) * cost, t0 + (r + i + 1) * cost] for i in range(m)]
+            back = t0 + (m + p - 1) * cost
+            rows += [[step, r, r, i, "B", back + (p - 1 - r + i) * cost, back + (p - r + i) * cost] for i in range(m)]
+            message = {"v": 4, "kind": "pipeline", "cell": 1, "rank": r, "rows": rows}
+            run.add_pipeline(message)
+            log.append_pipeline(message)
+            recs.append({"rank": r, "cell": 1, "seq": step, "step": step, "time": t0, "loss": 1.0 / (step + 1),
+                         "step_time_s": (m + p) * 2 * cost, "comm_time_s": 0.05, "comm_time_pp_s": 0.04,
+                         "comm_time_dp_s": 0.002 * (r + 1), "pp_stage": r, "bubble_frac": 0.45})
+        log.append(run.add(recs))
+    run.status, run.ended = "finished", time.time()
+    log.close()
+    return run.run_id
+
+
+def open_run(page, lab, run_id: str) -> None:
+    """Load JupyterLab, show the Distributed sidebar until run ``run_id``'s card is visible in it (the
+    restored layout may show the file browser over a sidebar activated before it), and open the run view.
+    (The workspace may have the sidebar open already: a click on its tab would close it.)"""
+    page.goto(f"{lab.url}/lab?token={lab.token}")
+    page.wait_for_function("() => window.jupyterapp && document.querySelector(\"li.lm-TabBar-tab[data-id='jdist-sidebar']\")",
+                           timeout=90_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    page.wait_for_function(f"() => {{ window.jupyterapp.shell.activateById('jdist-sidebar');"
+                           f" const c = document.querySelector(\"#jdist-sidebar .jp-jdist-run[data-run-id='{run_id}']\");"
+                           f" return c && c.offsetParent; }}", timeout=60_000, polling=500)
+    page.locator(f"#jdist-sidebar .jp-jdist-run[data-run-id='{run_id}'] .jp-jdist-open").click()
+
+
+@pytest.mark.timeout(300)
+def test_the_pipeline_and_mesh_dimension_panels_read_in_the_run_view(lab, browser):
+    """The run view of a pipeline run: the newest step as a Gantt chart (a row per stage, forward and
+    backward as colour, idle blank, the measured bubble beside the theory) and the communication of each
+    mesh dimension per rank, stacked."""
+    run_id = pipeline_run(lab.dirs["runs"])
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    console: list[str] = []
+    page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+    try:
+        open_run(page, lab, run_id)
+        view = page.locator(".jp-jdist-runview")
+        gantt = view.locator(".jp-jdist-chart-pipeline")
+        gantt.locator("image.jp-jdist-heat").wait_for(timeout=30_000)
+        assert gantt.locator("image.jp-jdist-heat").get_attribute("data-rows") == "4"
+        assert gantt.locator("text.jp-jdist-heat-group").all_text_contents() == [f"stage {r} r{r}" for r in range(4)]
+        assert sorted(gantt.locator(".jp-jdist-chart-legend").all_text_contents()) == ["backward", "forward"]
+        title = gantt.locator(".jp-jdist-chart-title").text_content()
+        assert "pipeline, step 5: bubble 0.45 measured, (p-1)/(m+p-1) = 0.43 (p=4, m=4)" in title, title
+        dims = view.locator(".jp-jdist-chart-comm_dims")
+        assert sorted(dims.locator(".jp-jdist-chart-legend").all_text_contents()) == ["dp", "pp"]
+        assert dims.locator("rect title").count() == 8  # a bar per rank and dimension
+        gantt.scroll_into_view_if_needed()
+        settle(page)
+        shot(page, "9-run-view-pipeline.png")
+    except BaseException:
+        shot(page, "failure-pipeline.png")
+        print("browser console:", *console[-40:], sep="\n")
+        raise
+    finally:
+        page.close()
+
+
 @pytest.mark.timeout(300)
 def test_a_256_rank_run_reads_in_the_run_view(lab, browser):
     """The run view of a 256-rank run: the ranks' step-time distribution, per-host memory, the
@@ -385,16 +461,7 @@ def test_a_256_rank_run_reads_in_the_run_view(lab, browser):
     run_id = wide_run(lab.dirs["runs"])
     page = browser.new_page(viewport={"width": 1500, "height": 1300})
     try:
-        page.goto(f"{lab.url}/lab?token={lab.token}")
-        page.wait_for_function("() => window.jupyterapp && document.querySelector(\"li.lm-TabBar-tab[data-id='jdist-sidebar']\")",
-                               timeout=90_000)
-        # open the sidebar (the workspace may have it open already: a click on its tab would close it)
-        page.wait_for_function("() => { window.jupyterapp.shell.activateById('jdist-sidebar');"
-                               " const s = document.querySelector('#jdist-sidebar'); return s && s.offsetParent; }",
-                               timeout=30_000, polling=500)
-        card = page.locator(f"#jdist-sidebar .jp-jdist-run[data-run-id='{run_id}']")
-        card.wait_for(timeout=60_000)
-        card.locator(".jp-jdist-open").click()
+        open_run(page, lab, run_id)
         view = page.locator(".jp-jdist-runview")
         view.locator(".jp-jdist-chart-step_heat image.jp-jdist-heat").wait_for(timeout=30_000)
         heat = view.locator(".jp-jdist-chart-step_heat image.jp-jdist-heat")

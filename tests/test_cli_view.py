@@ -48,3 +48,20 @@ def test_the_live_panel_has_a_row_per_rank_with_its_host_on_several_hosts():
     assert "host" in text and "gpu2" in text and "4.0 GiB" in text
     rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
     assert [row[:3] for row in rows] == [["0", "gpu1", "9"], ["1", "gpu1", "9"], ["2", "gpu2", "9"], ["3", "gpu2", "9"]]
+
+
+def test_a_pipeline_on_a_mesh_shows_each_dimension_the_stage_and_the_bubble():
+    run = Run("p", 2, backend="ddp")
+    run.add([{"rank": r, "seq": s, "step": s, "time": 100.0 + s, "step_time_s": 0.1, "comm_time_s": 0.03,
+              "comm_time_pp_s": 0.02, "comm_time_dp_s": 0.01 * (r + 1), "pp_stage": r, "bubble_frac": 0.3 + 0.1 * r}
+             for s in range(5) for r in range(2)])
+    assert "bubble 0.35" in status_line(run)
+    view = LiveView("jdist run pipe.py")
+    view.run = run
+    console = Console(file=io.StringIO(), width=140, record=True)
+    console.print(view.render())
+    text = console.export_text()
+    header = next(line.split() for line in text.splitlines() if line.strip().startswith("rank"))
+    assert header == ["rank", "step", "loss", "ms/step", "comm", "pp", "ms", "dp", "ms", "stage", "bubble", "memory"]
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[3:] for row in rows] == [["30%", "20.0", "10.0", "0", "0.30"], ["30%", "20.0", "20.0", "1", "0.40"]], text

@@ -3,6 +3,7 @@ with real ipywidgets/anywidget objects and a real kernel (the browser side: test
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import subprocess
@@ -12,6 +13,7 @@ import xml.etree.ElementTree as ET
 from array import array
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jdist.kernel.dashboard import Dashboard, charts_lib, render_svg, static_bundle
@@ -474,7 +476,7 @@ def test_every_panel_is_drawn_by_every_view_from_one_definition():
     run = make_run()
     drawn = panels(run)
     assert [p["key"] for p in drawn] == ["loss", "time", "memory", "throughput", "state"]
-    assert len(PANELS) == 9  # the last four only beyond 16 ranks or on several hosts (the tests below)
+    assert len(PANELS) == 11  # the other six only with a mesh, a pipeline, beyond 16 ranks or on several hosts
     d = Dashboard(run)
     d.update(force=True)
     def heads(ps):
@@ -488,6 +490,38 @@ def test_every_panel_is_drawn_by_every_view_from_one_definition():
         else:
             assert whole(d, p["key"]) == p
     assert [g.get("data-title") for g in svg_panels(render_svg(run)).values()] == [p["title"] for p in drawn]
+    d.finish()
+
+
+def test_a_mesh_and_a_pipeline_add_their_panels_to_every_view():
+    """With comm_time_<dim>_s in the records and a pipeline's timeline: per rank, communication stacked by
+    mesh dimension, and the newest step of the pipeline as a stage x time grid (forward, backward, idle),
+    its bubble beside the theory; the live widget, the static SVG and the summary have both."""
+    run = make_run()
+    run.add({"rank": r, "seq": STEPS + s, "step": STEPS + s, "time": 2000.0 + s, "comm_time_tp_s": 0.004,
+             "comm_time_pp_s": 0.002 * (r + 1), "pp_stage": r, "bubble_frac": 0.25 + 0.1 * r}
+            for s in range(3) for r in range(RANKS))
+    t0 = 2000.0
+    for r in range(RANKS):  # two stages, two micro-batches: stage 1 starts a micro-batch late
+        run.add_pipeline({"rows": [[STEPS + 2, r, r, mb, action, t0 + r + mb + 3 * (action == "B"),
+                                    t0 + r + mb + 3 * (action == "B") + 1] for action in "FB" for mb in (0, 1)]})
+    dims, gantt = panel(run, "comm_dims"), panel(run, "pipeline")
+    assert dims["categories"] == ["rank 0", "rank 1"] and [x["name"] for x in dims["series"]] == ["tp", "pp"]
+    assert dims["stacked"] and dims["series"][1]["values"] == [pytest.approx(0.002), pytest.approx(0.004)]
+    assert gantt["rows"] == ["stage 0 r0", "stage 1 r1"] and [name for name, _ in gantt["legend"]] == ["forward", "backward"]
+    assert gantt["title"].startswith(f"pipeline, step {STEPS + 2}: bubble 0.30 measured, (p-1)/(m+p-1) = 0.33")
+    cells = np.frombuffer(base64.b64decode(gantt["cells"]), dtype=np.uint8).reshape(2, -1)
+    width = cells.shape[1]
+    assert cells[0, 0] == 0 and cells[1, 0] == 255  # stage 0 forwards micro-batch 0 while stage 1 idles
+    assert cells[1, width // 6] == 0 and cells[0, width - 1] == 255  # then stage 1 does; stage 0 ends first
+    assert {int(v) for v in np.unique(cells)} == {0, 64, 127, 190, 255}  # F even/odd, B even/odd, idle
+    d = Dashboard(run)
+    d.update(force=True)
+    assert whole(d, "comm_dims") == dims and whole(d, "pipeline") == gantt
+    assert {"comm_dims", "pipeline"} <= set(svg_panels(render_svg(run)))
+    text = run.summary()
+    assert "communication per step by mesh dimension: tp 4.0 ms" in text
+    assert "pipeline: 2 stages on 2 ranks, 2 micro-batches a step; bubble 0.30 measured" in text, text
     d.finish()
 
 

@@ -96,6 +96,25 @@ def test_run_log_round_trip(tmp_path):
     assert list_runs(tmp_path) == [tmp_path / run.run_id]
 
 
+def test_a_pipeline_timeline_round_trips_through_the_run_log_and_a_released_run(tmp_path):
+    run = Run("pipe", 2, started=1000.0)
+    log = RunLog(run, tmp_path)
+    log.append(run.add([rec(r, 0, 0, pp_stage=r, bubble_frac=0.25) for r in (0, 1)]))
+    for r in (0, 1):
+        message = {"v": 4, "kind": "pipeline", "cell": 1, "rank": r,
+                   "rows": [[0, r, r, mb, action, 1000.0 + r + mb, 1000.5 + r + mb] for action in "FB" for mb in (0, 1)]}
+        run.add_pipeline(message)
+        log.append_pipeline(message)
+    run.status = "finished"
+    log.close()
+    expected = run.pipeline
+    assert list(expected.columns) == ["step", "rank", "stage", "microbatch", "action", "start_s", "end_s"]
+    assert expected.groupby(["stage", "action"]).size().to_dict() == {(0, "B"): 2, (0, "F"): 2, (1, "B"): 2, (1, "F"): 2}
+    assert expected["start_s"].min() == 0.0 and "bubble_frac" in run.history and run.metric_names == []
+    assert read_run(tmp_path / "pipe").pipeline.equals(expected)
+    assert run.release() and run.pipeline.equals(expected)  # back from the folder
+
+
 def test_read_run_skips_a_frame_still_being_written(tmp_path):
     run = Run("r2", 1)
     log = RunLog(run, tmp_path)

@@ -1,8 +1,8 @@
 """The terminal view of a run: what ``jdist run`` (and ``jdist watch``) show while the ranks work.
 
 On a terminal, a live panel (rich) under the scrolling rank output: progress with ETA, the loss
-mean with the range across ranks, and per rank its step, step time, communication share and
-memory, the slowest rank marked (the dashboard's rule: :func:`jdist.metrics.panels.slowest_ranks`, against
+mean with the range across ranks, and per rank its step, step time, communication share (with device
+meshes, each dimension's communication; in a pipeline, its stage and bubble) and memory, the slowest rank marked (the dashboard's rule: :func:`jdist.metrics.panels.slowest_ranks`, against
 the median). When stdout is not a terminal (an ``sbatch`` log, CI), rich
 would print only the last frame, so one plain :func:`status_line` goes out every ``every_s``
 seconds instead. Both read only the :class:`~jdist.metrics.Run` (O(ranks) per refresh).
@@ -51,9 +51,13 @@ def _bytes(n: float) -> str:
 def rank_rows(run: Run) -> list[dict[str, Any]]:
     """Per rank: its latest step and loss, recent step and communication time (s), the communication's share of
     the timed steps (:meth:`~jdist.metrics.Run.comm_share`), memory, and
-    whether it is the slowest (:func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank)."""
+    whether it is the slowest (:func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank); with
+    device meshes each dimension's recent communication time (``dims``), in a pipeline the rank's stage and
+    recent bubble."""
     step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     comm = run.per_rank_mean("comm_time_s", last=RECENT_STEPS, skip_first=True)
+    dims = {d: run.per_rank_mean(f"comm_time_{d}_s", last=RECENT_STEPS, skip_first=True) for d in run.comm_dims}
+    bubble = run.per_rank_mean("bubble_frac", last=RECENT_STEPS, skip_first=True)
     share = run.comm_share(last=RECENT_STEPS, skip_first=True)
     loss = loss_metric(run)
     rows = []
@@ -61,7 +65,9 @@ def rank_rows(run: Run) -> list[dict[str, Any]]:
         rec = run.latest(r) or {}
         rows.append({"rank": r, "host": run.hosts.get(r, ""), "step": rec.get("step"),
                      "loss": rec.get(loss) if loss else None, "step_s": step.get(r), "comm_s": comm.get(r),
-                     "comm_share": share.get(r), "mem": rec.get("mem_bytes"), "slowest": False})
+                     "comm_share": share.get(r), "mem": rec.get("mem_bytes"), "slowest": False,
+                     "dims": {d: per.get(r) for d, per in dims.items()}, "stage": rec.get("pp_stage"),
+                     "bubble": bubble.get(r)})
     slow = slowest_ranks(run, 1) if len(step) > 1 else []
     for row in rows:
         row["slowest"] = bool(slow) and row["rank"] == slow[0][0]
@@ -90,6 +96,9 @@ def status_line(run: Run) -> str:
         comm = [row["comm_share"] for row in rows if row["comm_share"] is not None]
         if comm:
             parts.append(f"comm {100 * sum(comm) / len(comm):.0f}%")
+        bubble = [row["bubble"] for row in rows if row["bubble"] is not None]
+        if bubble:
+            parts.append(f"bubble {sum(bubble) / len(bubble):.2f}")
         slow = slowest_ranks(run, 1) if len(rows) > 1 else []
         if slow and slow[0][3] > 1.05:  # more than 5 % above the ranks' median
             parts.append(f"slowest r{slow[0][0]} (+{100 * (slow[0][3] - 1):.0f}%)")
@@ -174,7 +183,10 @@ class LiveView:
             parts.append(ProgressBar(total=run.total_steps, completed=steps_done(run), width=60))
         table = Table(box=None, pad_edge=False, header_style="bold")
         multi_host = bool(run.hosts)
-        for col in ("rank", *(("host",) if multi_host else ()), "step", "loss", "ms/step", "comm", "memory"):
+        dims = run.comm_dims
+        pipeline = run.has("bubble_frac")
+        for col in ("rank", *(("host",) if multi_host else ()), "step", "loss", "ms/step", "comm",
+                    *(f"{d} ms" for d in dims), *(("stage", "bubble") if pipeline else ()), "memory"):
             table.add_column(col, justify="left" if col == "host" else "right")
         for row in rank_rows(run):
             cells = [str(row["rank"]), *((row["host"],) if multi_host else ()),
@@ -182,6 +194,9 @@ class LiveView:
                      "" if row["loss"] is None else _num(row["loss"]),
                      "" if row["step_s"] is None else f"{1000 * row['step_s']:.1f}",
                      "" if row["comm_share"] is None else f"{100 * row['comm_share']:.0f}%",
+                     *("" if row["dims"].get(d) is None else f"{1000 * row['dims'][d]:.1f}" for d in dims),
+                     *(("" if row["stage"] is None else str(row["stage"]),
+                        "" if row["bubble"] is None else f"{row['bubble']:.2f}") if pipeline else ()),
                      "" if row["mem"] is None else _bytes(row["mem"])]
             table.add_row(*cells, style="red" if row["slowest"] else None)
         parts.append(table)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 from jdist.metrics import Run, RunLog, budget
 from jdist.options import CellOptions, Option, Scope
 from jdist.plugins import SinkSpec, sink_specs
-from jdist.protocol import HostMessage, Record
+from jdist.protocol import HostMessage, PipelineMessage, Record
 
 #: How many runs ``jdist.runs()`` lists. Their values are held within the run memory budget
 #: (:func:`run_memory`): older runs leave memory and are read back from their run folders when asked for.
@@ -118,6 +118,11 @@ class RunLogSink:
         """A host's load (:class:`jdist.protocol.HostMessage`): one line of ``hosts.jsonl``."""
         assert self.log is not None
         self.log.append_host(sample)
+
+    def pipeline(self, message: PipelineMessage) -> None:
+        """A rank's pipeline actions (:class:`jdist.protocol.PipelineMessage`): one line of ``pipeline.jsonl``."""
+        assert self.log is not None
+        self.log.append_pipeline(message)
 
     def tick(self) -> None:
         pass

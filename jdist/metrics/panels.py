@@ -657,7 +657,7 @@ def heatmap_panel(run: Run, key: str, title: str, metric: str, over: str | None 
     return BarDef(HeatmapPanel(key=key, kind="heatmap", title=title, unit=unit, x_title="step",
                                rows=[f"r{r}" for r in order], groups=[list(g) for g in groups],  # type: ignore[misc]
                                x=last, cells=base64.b64encode(cells.tobytes()).decode(), low=low, high=high,
-                               colors=list(HEAT_COLORS)))
+                               colors=list(HEAT_COLORS), legend=[]))
 
 
 def step_heatmap_panel(run: Run) -> BarDef | None:
@@ -770,6 +770,116 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
 
+#: Colours of the mesh dimensions in the communication-by-dimension panel, in the order first seen.
+DIM_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]
+#: The pipeline panel's colour scale: forward of an even / odd micro-batch, backward of an even / odd one,
+#: a weight-gradient action (values 0, .25, .5, .75, 1; idle: no value).
+PIPE_COLORS = ["#1f77b4", "#9ecae1", "#e6550d", "#fdae6b", "#31a354"]
+#: Columns of the pipeline panel (time bins of its step).
+PIPE_COLUMNS = 120
+
+
+def comm_dims_panel(run: Run) -> BarDef | None:
+    """With device meshes: per rank, the communication time per step on each mesh dimension over the last
+    steps (stacked; ``comm_time_<dim>_s``). Beyond :data:`BARS_UP_TO` ranks: a bar per dimension, the
+    ranks' median. None without a mesh."""
+    dims = run.comm_dims
+    if not dims:
+        return None
+    means = {d: run.per_rank_mean(f"comm_time_{d}_s", last=RECENT_STEPS, skip_first=True) for d in dims}
+    ranks = _ranks(run)
+    title = f"communication by mesh dimension per step (s), last {RECENT_STEPS} steps"
+    if len(ranks) > BARS_UP_TO:
+        values = [statistics.median(means[d].values()) if means[d] else None for d in dims]
+        panel = BarPanel(key="comm_dims", kind="bars", title=title + ", median of the ranks", unit="s", stacked=False,
+                         categories=list(dims), series=[BarSeries(name="median", color=ORANGE, values=finite(values),
+                                                                  labels=True)])
+    else:
+        panel = BarPanel(key="comm_dims", kind="bars", title=title, unit="s", stacked=True,
+                         categories=[rank_label(run, r) for r in ranks], series=[
+                             BarSeries(name=d, color=DIM_COLORS[i % len(DIM_COLORS)],
+                                       values=finite([means[d].get(r) for r in ranks]), labels=False)
+                             for i, d in enumerate(dims)])
+    return BarDef(panel, summary=_dims_summary)
+
+
+def _dims_summary(run: Run) -> list[str]:
+    """Communication per step on each mesh dimension: the mean over the ranks, and its highest rank."""
+    parts = []
+    for d in run.comm_dims:
+        per = run.per_rank_mean(f"comm_time_{d}_s", skip_first=True)
+        if per:
+            top = max(per, key=per.__getitem__)
+            parts.append(f"{d} {statistics.mean(per.values()) * 1e3:.1f} ms (highest {rank_label(run, top)} "
+                         f"{per[top] * 1e3:.1f})")
+    return ["communication per step by mesh dimension: " + ", ".join(parts)] if parts else []
+
+
+def pipeline_theory(stages: int, microbatches: int) -> float:
+    """The bubble of a GPipe or 1F1B schedule of equal stages: ``(p - 1) / (m + p - 1)``.
+
+    >>> round(pipeline_theory(4, 4), 3), round(pipeline_theory(4, 8), 3)
+    (0.429, 0.273)
+    """
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def pipeline_panel(run: Run) -> BarDef | None:
+    """A pipeline's newest step as a Gantt chart (``torch.distributed.pipelining``; :attr:`Run.pipeline`):
+    a row per stage (and its rank), time across, each forward and backward of a micro-batch as colour (even
+    and odd micro-batches in two shades, a legend instead of a colour scale), idle time blank; the title has the measured bubble (``bubble_frac``, the
+    mean over the stages' last steps) beside ``(p - 1) / (m + p - 1)``. None without a pipeline."""
+    latest = run.pipeline_step()
+    if latest is None:
+        return None
+    step, rows = latest
+    t0 = min(row[5] for row in rows)
+    span = max(row[6] for row in rows) - t0 or 1e-9
+    stages = sorted({(row[2], row[1]) for row in rows})
+    order = {key: i for i, key in enumerate(stages)}
+    grid = np.full((len(stages), PIPE_COLUMNS), 255, dtype=np.uint8)
+    code = {"F": 0, "B": 2, "I": 2, "W": 4}
+    for _, rank, stage, mb, action, start, end in rows:
+        value = code.get(action, 4)
+        value = value + (1 if value < 4 and isinstance(mb, int) and mb % 2 else 0)
+        lo = int((start - t0) / span * PIPE_COLUMNS)
+        hi = max(lo + 1, int(math.ceil((end - t0) / span * PIPE_COLUMNS)))
+        grid[order[(stage, rank)], lo:min(hi, PIPE_COLUMNS)] = round(value / 4 * 254)
+    m = len({row[3] for row in rows if row[4] == "F"})
+    p = len({row[1] for row in rows})  # ranks: a rank of Interleaved 1F1B runs several stages
+    bubble = run.per_rank_mean("bubble_frac", last=RECENT_STEPS, skip_first=True)
+    measured = f"bubble {statistics.mean(bubble.values()):.2f} measured" if bubble else "bubble not measured yet"
+    title = f"pipeline, step {step}: {measured}, (p-1)/(m+p-1) = {pipeline_theory(p, m):.2f} (p={p}, m={m})"
+    panel = HeatmapPanel(key="pipeline", kind="heatmap", title=title, unit="", x_title=f"ms into step {step}",
+                         rows=[f"stage {stage} r{rank}" for stage, rank in stages], groups=[],
+                         x=[round((j + 1) * span / PIPE_COLUMNS * 1e3, 3) for j in range(PIPE_COLUMNS)],
+                         cells=base64.b64encode(grid.tobytes()).decode(), low=0.0, high=1.0,
+                         colors=list(PIPE_COLORS), legend=_pipe_legend(rows))
+    return BarDef(panel, summary=_pipeline_summary)
+
+
+def _pipe_legend(rows: list[list[Any]]) -> list[tuple[str, str]]:
+    """The pipeline panel's legend: the actions its step has (idle time is blank)."""
+    actions = {row[4] for row in rows}
+    legend = [("forward", PIPE_COLORS[0]), ("backward", PIPE_COLORS[2])]
+    return legend + [("weight grad", PIPE_COLORS[4])] if "W" in actions else legend
+
+
+def _pipeline_summary(run: Run) -> list[str]:
+    latest = run.pipeline_step()
+    if latest is None:
+        return []
+    _, rows = latest
+    m = len({row[3] for row in rows if row[4] == "F"})
+    p = len({row[1] for row in rows})
+    stages = len({row[2] for row in rows})
+    bubble = run.per_rank_mean("bubble_frac", skip_first=True)
+    measured = (f"bubble {statistics.mean(bubble.values()):.2f} measured (mean over stages, "
+                f"{min(bubble.values()):.2f}..{max(bubble.values()):.2f})") if bubble else "bubble not measured"
+    return [f"pipeline: {stages} stages on {p} ranks, {m} micro-batches a step; {measured}, "
+            f"{pipeline_theory(p, m):.2f} = (p-1)/(m+p-1)"]
+
+
 def throughput_panel(run: Run) -> LineDef:
     """Samples/s summed over the ranks once a batch size is known (even before a point can be
     drawn, so the title does not flip), at steps every rank reporting it has reached; else steps/s."""
@@ -783,8 +893,8 @@ def throughput_panel(run: Run) -> LineDef:
 
 #: jdist's panels, in the order the views lay them out (two per row); plugins' follow (:func:`all_panels`).
 PANELS: tuple[Callable[[Run], PanelDef | None], ...] = (
-    loss_panel, time_panel, memory_panel, throughput_panel, state_panel, slowest_panel, step_heatmap_panel,
-    comm_heatmap_panel, hosts_panel)
+    loss_panel, time_panel, memory_panel, throughput_panel, state_panel, comm_dims_panel, pipeline_panel,
+    slowest_panel, step_heatmap_panel, comm_heatmap_panel, hosts_panel)
 
 
 def all_panels() -> tuple[Callable[[Run], PanelDef | None], ...]:

@@ -55,13 +55,17 @@ CORE_METRICS: dict[str, str] = {
 }
 
 
-#: Automatic metrics whose names come from the code's device meshes (one field per dimension name), on every
-#: record of a rank once a mesh is built: pattern -> meaning.
+#: Automatic metrics of model parallelism, on the records of the ranks whose code uses it: a field per mesh
+#: dimension name (on every record of a rank once it built a mesh) and a pipeline stage's: name -> meaning.
 MESH_METRICS: dict[str, str] = {
     "comm_time_<dim>_s": "the part of comm_time_s on one dimension of the device meshes the code built (--mesh, "
     "init_device_mesh: comm_time_dp_s, comm_time_tp_s...): collectives on that dimension's groups, DTensor's "
     "functional collectives (tensor and sequence parallel), FSDP on its dimension, DDP on its group; one field "
     "per dimension, 0 where it did not communicate",
+    "pp_stage": "a pipeline stage's records (torch.distributed.pipelining schedules): the lowest stage index the "
+    "rank runs",
+    "bubble_frac": "a pipeline stage's records: the share of the time since the rank's previous record in which "
+    "it ran no forward or backward of a micro-batch (its bubble)",
 }
 
 
@@ -93,6 +97,15 @@ class _AutoMetrics(Mapping[str, str]):
 AUTO_METRICS: Mapping[str, str] = _AutoMetrics()
 
 
+def is_mesh_metric(name: str) -> bool:
+    """Whether ``name`` is one of :data:`MESH_METRICS` (``comm_time_<dim>_s``, ``pp_stage``, ``bubble_frac``).
+
+    >>> is_mesh_metric("comm_time_tp_s"), is_mesh_metric("bubble_frac"), is_mesh_metric("loss")
+    (True, True, False)
+    """
+    return name in MESH_METRICS or is_dim_comm(name)
+
+
 def is_dim_comm(name: str) -> bool:
     """Whether ``name`` is a mesh dimension's communication time (``comm_time_<dim>_s``, automatic).
 
@@ -104,8 +117,9 @@ def is_dim_comm(name: str) -> bool:
 
 @cache
 def reserved() -> frozenset[str]:
-    """Names ``jdist.log`` refuses: the record keys and the automatic metrics."""
-    return frozenset(RECORD_KEYS) | frozenset(_auto_metrics())
+    """Names ``jdist.log`` refuses: the record keys and the automatic metrics (``comm_time_<dim>_s`` is
+    refused by its prefix)."""
+    return frozenset(RECORD_KEYS) | frozenset(_auto_metrics()) | (frozenset(MESH_METRICS) - {"comm_time_<dim>_s"})
 
 
 def new_run_id() -> str:
@@ -115,6 +129,9 @@ def new_run_id() -> str:
 
 #: Load samples kept in memory per host (about ten minutes at one a second).
 HOST_SAMPLES = 600
+#: Pipeline actions (:attr:`Run.pipeline` rows) a run keeps in memory, the newest (the run folder's
+#: ``pipeline.jsonl`` has every one): 4 stages x 8 micro-batches x 2 actions a step, 1500 steps.
+PIPELINE_ROWS = 100_000
 
 
 class Run:
@@ -165,6 +182,10 @@ class Run:
         self._buckets: dict[tuple[str, str | None], dict[str, Any]] = {}  # bucket_means' finished columns
         #: host -> its latest load samples (:class:`jdist.protocol.HostMessage`), oldest first
         self._hosts: dict[str, deque[dict[str, Any]]] = {}
+        #: the newest pipeline actions (:class:`jdist.protocol.PipelineMessage` rows), oldest first
+        self._pipeline: deque[list[Any]] = deque(maxlen=PIPELINE_ROWS)
+        self._pipe_steps: dict[Any, list[list[Any]]] = {}  # the last few steps' rows, by step (the panel's)
+        self._pipe_ranks: set[int] = set()  # the ranks that sent pipeline actions
 
     def __repr__(self) -> str:
         return (f"Run({self.run_id!r}, world_size={self.world_size}, status={self.status!r}, records={self._count}"
@@ -283,6 +304,54 @@ class Run:
             kept = self._hosts[sample["host"]] = deque(maxlen=HOST_SAMPLES)
         kept.append(sample)
 
+    def add_pipeline(self, message: dict[str, Any]) -> None:
+        """A rank's pipeline actions (:class:`jdist.protocol.PipelineMessage`); the newest
+        :data:`PIPELINE_ROWS` are kept."""
+        self._data()
+        rows = message["rows"]
+        self._pipeline.extend(rows)
+        steps = self._pipe_steps
+        for row in rows:
+            bucket = steps.get(row[0])
+            if bucket is None:
+                bucket = steps[row[0]] = []
+                if len(steps) > 4:  # (a dict keeps its order: the oldest step first)
+                    del steps[next(iter(steps))]
+            bucket.append(row)
+            self._pipe_ranks.add(row[1])
+
+    def pipeline_step(self) -> tuple[Any, list[list[Any]]] | None:
+        """The newest step of the timeline that every pipeline rank sent (else the newest), and its rows
+        (unix times), for the pipeline panel; None: no pipeline."""
+        self._data()
+        steps = self._pipe_steps
+        for step in reversed(list(steps)):
+            if {row[1] for row in steps[step]} >= self._pipe_ranks:
+                return step, steps[step]
+        return next(((step, steps[step]) for step in reversed(list(steps))), None)
+
+    @property
+    def pipeline(self):
+        """The pipeline schedules' actions (``torch.distributed.pipelining``, docs/model-parallel.md), one row
+        per forward ("F"), backward ("B") or weight-gradient ("W") of a micro-batch on a stage: a DataFrame
+        with ``step, rank, stage, microbatch, action, start_s, end_s`` (seconds since the run started), the
+        newest :data:`PIPELINE_ROWS`, in the order the ranks sent them.
+
+        >>> run = Run("x", 2, started=100.0)
+        >>> run.add_pipeline({"rows": [[0, 1, 1, 0, "F", 100.5, 100.75]]})
+        >>> run.pipeline.to_dict("records")
+        [{'step': 0, 'rank': 1, 'stage': 1, 'microbatch': 0, 'action': 'F', 'start_s': 0.5, 'end_s': 0.75}]
+        """
+        import pandas as pd
+
+        self._data()
+        cols = ["step", "rank", "stage", "microbatch", "action", "start_s", "end_s"]
+        df = pd.DataFrame(list(self._pipeline), columns=cols)
+        if len(df):
+            df["start_s"] -= self.started
+            df["end_s"] -= self.started
+        return df
+
     def host_load(self) -> dict[str, list[dict[str, Any]]]:
         """host -> its load samples, oldest first (the latest :data:`HOST_SAMPLES`)."""
         self._data()
@@ -336,7 +405,7 @@ class Run:
     def _data(self) -> RecordStore:
         """The store, loaded again from the run folder if the run was released."""
         if self._released:
-            from .store import load_batches, load_hosts
+            from .store import load_batches, load_hosts, load_pipeline
 
             assert self.path is not None
             self._released = False
@@ -347,6 +416,8 @@ class Run:
                 self.add_batch(batch)
             for sample in load_hosts(self.path):
                 self.add_host(sample)
+            for message in load_pipeline(self.path):
+                self.add_pipeline(message)
             self._store.trim()
             if self._count != count:
                 import warnings
@@ -512,8 +583,8 @@ class Run:
         """User-logged scalar names, in first-seen order (automatic metrics excluded)."""
         auto = _auto_metrics()
         store = self._data()
-        names = [m for m in list(store.fields)[2:] if m not in auto and not is_dim_comm(m)]
-        return names + [m for m in self._unstepped if m not in auto and m not in names and not is_dim_comm(m)]
+        names = [m for m in list(store.fields)[2:] if m not in auto and not is_mesh_metric(m)]
+        return names + [m for m in self._unstepped if m not in auto and m not in names and not is_mesh_metric(m)]
 
     @property
     def comm_dims(self) -> list[str]:
@@ -628,6 +699,7 @@ class Run:
         auto = list(AUTO_METRICS)
         names = self.metric_names
         dims = [f"comm_time_{d}_s" for d in self.comm_dims]
+        dims += [m for m in ("pp_stage", "bubble_frac") if m in store.fields]
         cols = ["rank", "step", "time", *names, *[m for m in auto if m not in names], *dims]
         if not self._count:
             return pd.DataFrame(columns=cols)

@@ -3,6 +3,7 @@ other tools) while it is being written.
 
 ``<run dir>/<run id>/meta.json`` (:class:`jdist.protocol.RunMeta`, rewritten atomically) and
 ``hosts.jsonl``: the load of the ranks' hosts, a line per sample (:class:`jdist.protocol.HostMessage`);
+``pipeline.jsonl``: the pipeline schedules' actions, a line per rank's message (:class:`jdist.protocol.PipelineMessage`);
 ``metrics.jdc``: the records, one binary frame per batch as it arrived (:meth:`RecordBatch.encode
 <jdist.metrics.store.RecordBatch.encode>`: a JSON header naming the columns, then each column's
 bytes), appended and flushed. Read it with :func:`read_run` (``read_run(path).history`` is a
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .records import Run
-from .store import HOSTS_FILE, RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
+from .store import HOSTS_FILE, PIPELINE_FILE, RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
 
 __all__ = ["RECORDS_FILE", "RunLog", "RunReader", "default_run_dir", "list_runs", "load_batches", "read_frames",
            "read_records", "read_run"]
@@ -54,6 +55,7 @@ class RunLog:
         run.path = self.path
         self._fh = open(self.path / RECORDS_FILE, "ab")
         self._hosts: Any = None  # hosts.jsonl, opened with the first host sample
+        self._pipeline: Any = None  # pipeline.jsonl, opened with the first pipeline message
         self.write_meta()
 
     def write_meta(self) -> None:
@@ -76,11 +78,19 @@ class RunLog:
         self._hosts.write(json.dumps(sample) + "\n")
         self._hosts.flush()
 
+    def append_pipeline(self, message: dict[str, Any]) -> None:
+        """Append a rank's pipeline actions (:class:`jdist.protocol.PipelineMessage`) to ``pipeline.jsonl``."""
+        if self._pipeline is None:
+            self._pipeline = open(self.path / PIPELINE_FILE, "a", encoding="utf-8")
+        self._pipeline.write(json.dumps(message) + "\n")
+        self._pipeline.flush()
+
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
-        if self._hosts is not None and not self._hosts.closed:
-            self._hosts.close()
+        for side in (self._hosts, self._pipeline):
+            if side is not None and not side.closed:
+                side.close()
         self.write_meta()
 
 
@@ -143,6 +153,10 @@ class RunReader:
                 samples, self._offsets[name] = read_records(self.path / name, self._offsets.get(name, 0))
                 for sample in samples:
                     self.run.add_host(sample)
+            elif name.startswith("pipeline") and name.endswith(".jsonl"):
+                messages, self._offsets[name] = read_records(self.path / name, self._offsets.get(name, 0))
+                for message in messages:
+                    self.run.add_pipeline(message)
         failed = [n for n in names if n.startswith("failed.r") and n.endswith(".json")]
         if failed and self.run.status != "failed":  # a rank of another launcher failed (jdist.rank.filelog)
             first = min((json.loads((self.path / n).read_text()) for n in failed), key=lambda f: f["time"])

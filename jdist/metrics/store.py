@@ -48,6 +48,8 @@ _INTS = frozenset((int, type(None)))
 RECORDS_FILE = "metrics.jdc"
 #: The hosts' load in a run folder, a JSON line per sample (``hosts.r<rank>.jsonl`` from other launchers' ranks).
 HOSTS_FILE = "hosts.jsonl"
+#: The pipeline actions in a run folder, a JSON line per message (``pipeline.r<rank>.jsonl`` from other launchers' ranks).
+PIPELINE_FILE = "pipeline.jsonl"
 #: A frame of the binary run log starts with this, then the header's length (4 bytes, little endian).
 FRAME_MAGIC = b"JDC1"
 _HEAD = struct.Struct("<4sI")
@@ -280,6 +282,12 @@ def load_hosts(path: str | os.PathLike) -> list[dict[str, Any]]:
             for sample in read_records(Path(path) / name)[0]]
 
 
+def load_pipeline(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every pipeline message in a run folder (``pipeline.jsonl``: :class:`jdist.protocol.PipelineMessage`)."""
+    return [msg for name in folder_files(path) if name.startswith("pipeline") and name.endswith(".jsonl")
+            for msg in read_records(Path(path) / name)[0]]
+
+
 def read_frames(path: str | os.PathLike, offset: int = 0) -> tuple[list[RecordBatch], int]:
     """The complete frames of a ``metrics.jdc`` from byte ``offset`` on, and the offset after the
     last complete one (a frame still being written is left for the next read)."""
@@ -497,5 +505,5 @@ def _resized(a: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
-__all__ = ["FRAME_MAGIC", "HOSTS_FILE", "INT_KEYS", "RECORDS_FILE", "RecordBatch", "RecordStore", "decode_frames", "folder_files",
-           "load_batches", "load_hosts", "read_file", "read_frames", "read_records"]
+__all__ = ["FRAME_MAGIC", "HOSTS_FILE", "INT_KEYS", "PIPELINE_FILE", "RECORDS_FILE", "RecordBatch", "RecordStore", "decode_frames", "folder_files",
+           "load_batches", "load_hosts", "load_pipeline", "read_file", "read_frames", "read_records"]

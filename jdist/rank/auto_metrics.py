@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import TIMING, CommTimer
 from .mesh.dims import DIMS
+from .mesh.pipeline import install as install_pipeline
 from .mesh.timing import group_position, time_functional_collectives
 from .sources import ON_DEVICE, on_default_stream
 from .stream import UNSAMPLED, Entry
@@ -278,6 +279,9 @@ class AutoSteps:
         if explicit:
             return
         rec = {"rank": s.ctx.rank, "cell": s.stream.cell, "seq": 0, "step": self.count, "time": time.time()}
+        pipeline = s.pipeline
+        if pipeline is not None:  # a pipeline schedule's stage: pp_stage, bubble_frac, its actions
+            pipeline.close_step(rec)
         if not own_complete:
             rec["comm_time_s"] = UNSAMPLED
         intervals, events = timer.take_all()
@@ -514,6 +518,7 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
 
     undo.append(patch(DistributedDataParallel, "__init__", make_init))
     undo.append(time_functional_collectives(timer, kind))  # DTensor's: tensor and sequence parallel
+    undo.append(install_pipeline(steps.session, timer, kind))  # torch.distributed.pipelining's schedules
 
     def make_forward(real: Any) -> Any:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:

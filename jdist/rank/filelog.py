@@ -106,7 +106,7 @@ class FileChannel:
         self._fh = open(path / f"metrics.r{rank}.jsonl", "a", encoding="utf-8")
         self._lock = threading.Lock()
         self._encode = json.JSONEncoder(default=float).encode
-        self._hosts: Any = None  # hosts.r<rank>.jsonl, opened with the first host sample
+        self._side: dict[str, Any] = {}  # hosts.r<rank>.jsonl, pipeline.r<rank>.jsonl: opened with their first line
         if meta is not None:
             self.write_meta()
 
@@ -118,12 +118,14 @@ class FileChannel:
                 if not self._fh.closed:
                     self._fh.writelines(lines)
                     self._fh.flush()
-        if kind == "host":  # the host's load, from the host's lowest rank (jdist.rank.hostload)
+        if kind in ("host", "pipeline"):  # the host's load (jdist.rank.hostload); pipeline actions
+            name = f"{'hosts' if kind == 'host' else 'pipeline'}.r{self.rank}.jsonl"
             with self._lock:
-                if self._hosts is None:
-                    self._hosts = open(self.path / f"hosts.r{self.rank}.jsonl", "a", encoding="utf-8")
-                self._hosts.write(self._encode(message) + "\n")
-                self._hosts.flush()
+                fh = self._side.get(name)
+                if fh is None:
+                    fh = self._side[name] = open(self.path / name, "a", encoding="utf-8")
+                fh.write(self._encode(message) + "\n")
+                fh.flush()
         if kind in ("progress", "cell_end") and self.meta is not None:
             total = message.get("total_steps")
             if total is not None:
@@ -136,8 +138,8 @@ class FileChannel:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
-            if self._hosts is not None:
-                self._hosts.close()
+            for fh in self._side.values():
+                fh.close()
 
 
 def end_run(path: Path, run: Any, rank: int, error: str | None) -> None:

@@ -126,6 +126,9 @@ class RankSession:
     auto: Any = None
     #: ``--mesh``'s ``DeviceMesh`` (``mesh`` in the cells: :func:`jdist.rank.mesh.api.set_mesh`), or None.
     mesh: Any = None
+    #: The pipeline schedules' actions on this rank (:class:`jdist.rank.mesh.pipeline.PipelineRecorder`), None
+    #: until the code imports ``torch.distributed.pipelining`` with ``--auto-metrics`` on.
+    pipeline: Any = None
 
     @property
     def backend_name(self) -> str:
@@ -146,6 +149,8 @@ class RankSession:
                 source.begin_cell(self, now)
             if self.auto is not None:
                 self.auto.begin_cell()
+            if self.pipeline is not None:
+                self.pipeline.begin_cell()
         if self.train.models or self.train.timed:
             repair_ddp(self.train)
 
@@ -156,6 +161,7 @@ class RankSession:
         with self._lock:
             pending = list(self.stream.pending)
             self._fill(pending, ready(pending, final=True), final=True)
+            self.publish_pipeline()  # (before the cell's end: the kernel stops listening there)
             message = self.stream.end_cell()
             self.channel.publish(message)
         return message
@@ -175,6 +181,9 @@ class RankSession:
             auto.explicit_log()  # the cell logs itself: no automatic records (nothing doubled)
         for at_log in self._at_log:
             at_log(self, rec, now)
+        pipeline = self.pipeline
+        if pipeline is not None:
+            pipeline.close_step(rec)
         intervals, events = self.timer.take_all()
         self.stream.add((rec, now, intervals, events, self.train.forwards, deferred))
         if self.log_hooks:
@@ -230,6 +239,14 @@ class RankSession:
             self.publisher.stop()
             self.publisher = None
 
+    def publish_pipeline(self) -> None:
+        """Send the pipeline actions recorded since the last call (:mod:`jdist.rank.mesh.pipeline`)."""
+        pipeline = self.pipeline
+        if pipeline is not None and pipeline.rows:
+            message = pipeline.message(self.stream.cell)
+            if message is not None:
+                self.channel.publish(message)
+
     def publish(self, message: Any) -> None:
         if message["kind"] in ("checkpoint_every", "checkpoint_saved"):
             self.stream.note_checkpoint(message)
@@ -254,6 +271,7 @@ class Publisher:
         while not self._stop.wait(s.stream.flush_interval):
             try:
                 s.publish_due()
+                s.publish_pipeline()
                 if hosts is not None and s.stream.open and hosts.due(time.monotonic()):
                     s.channel.publish(hosts.sample(s.stream.cell))
             except Exception as exc:  # never let a bad batch end the thread: the cell's end repairs

@@ -355,11 +355,17 @@ export function poolRows(cells: Uint8Array, rows: number, cols: number, most: nu
   return [Math.ceil(rows / per), out];
 }
 
+/** A heatmap of at most this many rows (on one host) names each row (a pipeline's stages), as
+ * ROW_LABELS in jdist/kernel/dashboard/static.py. */
+const ROW_LABELS = 12;
+
 /** A value per row (rank) and column (steps) as colour: one pixelated image (a pixel per cell),
- * the rows' host groups on the left, the colour scale on the right. `data-rows`/`data-columns`
+ * the rows' host groups on the left (or each row's name, when few), the colour scale on the right,
+ * or the legend of its categories (`legend`: the pipeline's actions). `data-rows`/`data-columns`
  * on the image count its cells (tests read them). */
 export function heatmapChart(p: IHeatmapPanel, opts: { width: number; height: number; format: (v: number) => string; className?: string }): SVGSVGElement {
-  const f = frame(opts.width, opts.height, p.title, []);
+  const legend = (p.legend ?? []) as [string, string][];
+  const f = frame(opts.width, opts.height, p.title, legend);
   if (opts.className) {
     f.svg.classList.add(opts.className);
   }
@@ -398,7 +404,11 @@ export function heatmapChart(p: IHeatmapPanel, opts: { width: number; height: nu
   image.dataset.columns = String(cols);
   f.svg.appendChild(image);
   const rowH = f.plot.height / rows;
-  const groups: [string, number, number][] = p.groups.length ? p.groups : [[`${p.rows[0]}–${p.rows[rows - 1]}`, 0, rows]];
+  const groups: [string, number, number][] = p.groups.length
+    ? p.groups
+    : rows <= ROW_LABELS
+      ? p.rows.map((name, i): [string, number, number] => [name, i, 1])
+      : [[`${p.rows[0]}–${p.rows[rows - 1]}`, 0, rows]];
   let lastLabel = -Infinity;
   for (const [host, first, count] of groups) {
     const mid = f.plot.top + (first + count / 2) * rowH;
@@ -420,6 +430,9 @@ export function heatmapChart(p: IHeatmapPanel, opts: { width: number; height: nu
     );
   }
   f.svg.appendChild(s('text', { x: left + plotW, y: f.plot.top + f.plot.height + 27, 'text-anchor': 'end', class: 'jp-jdist-axis-label' }, p.x_title));
+  if (legend.length) {
+    return f.svg;
+  }
   const sx = left + plotW + 8;
   const steps = 20;
   for (let k = 0; k < steps; k++) {

@@ -151,6 +151,7 @@ export interface IHeatmapPanel {
   low: number | null;
   high: number | null;
   colors: string[];
+  legend: [string, string][];
 }
 
 export interface ITablePanel {

@@ -33,6 +33,9 @@ from jdist.protocol import BarPanel, HeatmapPanel, LinePanel, LineSeries, Panel,
 
 #: Size of one panel, in SVG pixels; two panels per row.
 PANEL_W, PANEL_H = 500, 280
+#: A heatmap of at most this many rows (on one host) names each row (a pipeline's stages); a larger one
+#: names its first and last.
+ROW_LABELS = 12
 _MARGIN = {"left": 58, "right": 14, "top": 30, "bottom": 34}
 _HEADER = 28
 _FONT = 'font-family="sans-serif"'
@@ -290,8 +293,11 @@ def png(width: int, height: int, rgb: bytes) -> bytes:
 
 
 def _heat_panel(p: HeatmapPanel, x0: float, y0: float) -> list[str]:
-    """The heatmap as one pixelated image (a pixel per rank and column), host groups on the left."""
-    f = _Frame(x0, y0, p["title"], [])
+    """The heatmap as one pixelated image (a pixel per rank and column), host groups on the left (or, up to
+    :data:`ROW_LABELS` rows on one host, each row's name); the colour scale on the right, or the legend of
+    its categories (``legend``: the pipeline's actions)."""
+    legend = [tuple(item) for item in p.get("legend") or []]
+    f = _Frame(x0, y0, p["title"], legend)  # type: ignore[arg-type]
     if not p["x"] or not p["rows"] or p["low"] is None:
         f.no_data()
         return f.parts
@@ -303,11 +309,12 @@ def _heat_panel(p: HeatmapPanel, x0: float, y0: float) -> list[str]:
                    f'preserveAspectRatio="none" style="image-rendering:pixelated" class="heat" '
                    f'data-rows="{rows}" data-columns="{width}" href="data:image/png;base64,{data}"/>')
     row_h = f.height / rows
-    groups = p["groups"] or [("", 0, rows)]
+    groups = p["groups"] or ([(name, i, 1) for i, name in enumerate(p["rows"])] if rows <= ROW_LABELS else
+                             [(f"r{p['rows'][0][1:]}–{p['rows'][-1][1:]}", 0, rows)])
     last_label = -math.inf
     for host, first, count in groups:
         y_mid = f.top + (first + count / 2) * row_h
-        label = host or f"r{p['rows'][0][1:]}–{p['rows'][-1][1:]}"
+        label = host
         if y_mid - last_label >= 11:  # labels that would overlap are left out
             f.parts.append(_text(left - 4, y_mid + 3, label, "tick", anchor="end", size=9))
             last_label = y_mid
@@ -319,6 +326,8 @@ def _heat_panel(p: HeatmapPanel, x0: float, y0: float) -> list[str]:
         f.parts.append(_text(left + (i + 0.5) / len(xs) * plot_w, f.top + f.height + 14, fmt(xs[i], 4), "tick",
                              anchor="middle"))
     f.parts.append(_text(left + plot_w, f.top + f.height + 28, p["x_title"], "axis", anchor="end"))
+    if legend:
+        return f.parts
     # the colour scale, low at the bottom
     sx = left + plot_w + 8
     steps = 20

@@ -87,6 +87,12 @@ class RecordCollector:
                     self.on_checkpoint(checkpoint)
         elif kind in ("checkpoint_every", "checkpoint_saved") and rank == 0 and self.on_checkpoint is not None:
             self.on_checkpoint(msg)
+        elif kind == "pipeline":
+            self.ensure_run().add_pipeline(msg)
+            for sink in self.sinks:
+                keep = getattr(sink, "pipeline", None)
+                if keep is not None:
+                    keep(msg)
         elif kind == "host":
             if self.run is None:  # a cell that logs nothing has no run: keep the latest until one has
                 self._hosts_before[msg["host"]] = msg
