@@ -17,7 +17,7 @@ Jupyter server extension) and small pure modules any of them uses (``jdist.metri
 Public names, all flat on ``jdist``:
 
 * on the ranks (inside ``%%distributed`` cells): :func:`prepare`, :func:`log`, :func:`progress`,
-  :func:`info`, :func:`precision`, :func:`mesh`; training helpers :func:`backward`, :func:`clip_grad_norm_`,
+  :func:`info`, :func:`precision`, :func:`mesh`, :func:`sharding`; training helpers :func:`backward`, :func:`clip_grad_norm_`,
   :func:`no_sync`, :func:`is_sync_step`, :func:`scale_lr`, :func:`warmup`; checkpoints
   :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
   :func:`checkpoint_every`, :func:`restored_step`; framework integrations :class:`HFCallback`,
@@ -50,6 +50,7 @@ _LAZY = {
     "info": "jdist.rank.api",
     "precision": "jdist.rank.api",
     "mesh": "jdist.rank.api",
+    "sharding": "jdist.rank.mesh.sharding",
     "backward": "jdist.rank.training",
     "clip_grad_norm_": "jdist.rank.training",
     "no_sync": "jdist.rank.training",

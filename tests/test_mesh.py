@@ -7,6 +7,8 @@ in the next cell, and so does a model ``jdist.prepare`` sharded (``--backend fsd
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 MODEL = """
@@ -23,7 +25,7 @@ class MLP(nn.Module):
 model = MLP()
 parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
 fully_shard(model, mesh=mesh["dp"])
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 def train(steps):
     losses = []
     for step in range(steps):
@@ -61,10 +63,11 @@ def test_mesh_is_defined_changed_live_and_refused_in_one_line(meshed):
     assert "(2, 2)" in back.stdout, back.shown
 
 
-def test_fsdp_plus_tp_times_each_dimension_and_survives_a_release(meshed):
+def test_fsdp_plus_tp_times_each_dimension_and_survives_a_release(meshed, tmp_path):
     """The 2-D model: comm_time_dp_s (FSDP's all-gathers and reduce-scatters) and comm_time_tp_s (DTensor's
-    functional collectives) in every record, within comm_time_s; then one rank raises while the others wait in
-    an all-reduce, and the next cell trains the same model on the re-made groups."""
+    functional collectives) in every record, within comm_time_s; jdist.sharding shows each parameter's
+    placements; a checkpoint restores model and optimizer bit for bit; then one rank raises while the others
+    wait in an all-reduce, and the next cell trains the same model on the re-made groups."""
     out = meshed.run("%%distributed\n" + MODEL + "before = train(4)\npair = dist.new_group([0, 1])\n"
                      "small = jdist.prepare(nn.Linear(4, 1))  # FSDP on jdist's world group")
     assert out.error is None, out.shown
@@ -74,6 +77,18 @@ def test_fsdp_plus_tp_times_each_dimension_and_survives_a_release(meshed):
     for rank, comm, dp, tp in records[4:]:  # (the first step of each rank: its set-up)
         assert comm is None or (dp > 0 and tp > 0 and dp + tp <= comm * 1.001 + 1e-6), records
     assert meshed.value("jdist.last_run().comm_dims") == ["dp", "tp"]
+    ckpt = tmp_path / "fsdp-tp"  # a folder of DTensor shards (torch.distributed.checkpoint), under --backend fsdp
+    same = meshed.run(f"%%distributed --output all\njdist.save_checkpoint({str(ckpt)!r}, model=model, optimizer=opt, "
+                      f"step=4)\nahead = train(2)\njdist.load_checkpoint({str(ckpt)!r}, model=model, optimizer=opt)\n"
+                      "print(train(2) == ahead)")
+    assert same.stdout.count("True") == 4 and (ckpt / "jdist.pt").is_file(), same.shown  # model and momentum back
+    table = meshed.run("%%distributed --targets 0\nprint(jdist.sharding(model).to_json(orient='records'))").stdout
+    rows = {row["parameter"]: row for row in json.loads(table.strip().split("\n")[-1].split("] ", 1)[-1])}
+    assert rows["up.weight"]["global shape"] == [256, 64] and rows["up.weight"]["local shape"] == [64, 64]
+    assert (rows["up.weight"]["dp"], rows["up.weight"]["tp"]) == ("Shard(0)", "Shard(0)")  # FSDP on dp, colwise
+    assert (rows["down.weight"]["dp"], rows["down.weight"]["tp"]) == ("Shard(0)", "Shard(1)")  # rowwise
+    assert rows["down.weight"]["local shape"] == [32, 128] and rows["total"]["bytes"] == sum(
+        r["bytes"] for name, r in rows.items() if name != "total")
     failed = meshed.run("%%distributed\nif rank == 1:\n    raise ValueError('bad shard')\n"
                         "dist.all_reduce(torch.ones(1))", allow_error=True, timeout=120)
     tb = failed.traceback
@@ -157,3 +172,82 @@ def test_a_pipeline_schedule_gives_each_stage_its_records_bubble_and_timeline(me
         measured = [bubble for _, step, _, bubble, _, _ in records if step > 0]
         theory = (p - 1) / (m + p - 1)
         assert all(abs(b - theory) < 0.1 for b in measured), (theory, measured)
+
+
+def test_a_stage_that_does_not_send_is_named_by_the_stages_that_wait_for_it(meshed):
+    """Rank 1 (stage 1) never runs its schedule step: the hang report says what each stage waits for
+    (to send activations to stage 1, to receive them from it...); then it raises instead, and the others are released
+    with the same words. The next cell trains the pipeline again."""
+    if not meshed.value("'pipeline' in dir()"):
+        meshed.run("%%distributed\n" + PIPELINE)
+    meshed.run("%%distributed\nx = torch.randn(8, 8)\n"
+               "stage = PipelineStage(Block(), rank, world_size, torch.device('cpu'))\n"
+               "schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).pow(2).mean())\n"
+               "def run_stage():\n"
+               "    if rank == 0:\n        schedule.step(x, target=x)\n    else:\n        schedule.step(target=x)\n"
+               "run_stage()  # (a new stage's first step also agrees on shapes with dist.send/recv)")
+    hung = meshed.run("%%distributed --watchdog 3\nif rank != 1:\n    run_stage()", allow_error=True, timeout=120)
+    meshed.run("%%distributed --watchdog 30\npass")
+    assert hung.error is not None and hung.error["ename"] == "HangError", hung.shown
+    tb = hung.traceback
+    assert "rank 2: waiting to receive activations from stage 1 (rank 1) (" in tb, tb
+    assert "rank 0: waiting to send activations to stage 1 (rank 1) (" in tb, tb
+    assert "rank 1: finished the cell" in tb, tb
+    failed = meshed.run("%%distributed\nif rank == 1:\n    raise ValueError('stage 1 broke')\nrun_stage()",
+                        allow_error=True, timeout=120)
+    tb = failed.traceback
+    assert "ValueError: stage 1 broke" in tb, tb
+    assert "rank 2: released because rank 1 failed (it was waiting to receive activations from stage 1 (rank 1) (" \
+        in tb, tb
+    assert meshed.run("%%distributed\nrun_stage(); print('trained')").stdout.count("trained") == 1
+
+
+THREE_D = """
+import torch, torch.nn as nn
+from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+torch.manual_seed(0)
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__(); self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+block = Block()
+parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+fully_shard(block, mesh=mesh["dp"])
+pp = mesh.get_local_rank("pp")
+stage = PipelineStage(block, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).pow(2).mean())
+opt = torch.optim.SGD(block.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(mesh.get_local_rank("dp"))
+x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+def train3d(steps):
+    for _ in range(steps):
+        losses = []
+        if pp == 0:
+            schedule.step(x, target=y, losses=losses)
+        else:
+            schedule.step(target=y, losses=losses)
+        opt.step(); opt.zero_grad()
+    return losses
+"""
+
+
+def test_a_3d_model_trains_with_each_dimension_timed_and_after_a_release(meshed):
+    """pp=2, dp=2, tp=2 on 8 ranks: a pipeline of two stages, each an FSDP + TP block (the stage group is the
+    mesh's pp group). Its records have comm_time_pp_s, comm_time_dp_s and comm_time_tp_s; after a rank
+    raises, the same model trains in the next cell."""
+    out = meshed.run("%%distributed -n 8 --restart --mesh pp=2,dp=2,tp=2\n" + THREE_D + "train3d(3)", timeout=400)
+    assert out.error is None, out.shown
+    records = meshed.value("[(r['rank'], r.get('comm_time_pp_s'), r.get('comm_time_dp_s'), r.get('comm_time_tp_s'), "
+                           "r.get('pp_stage')) for r in jdist.last_run().records]")
+    assert len(records) == 24, records
+    for rank, pp, dp, tp, stage in records:
+        assert pp > 0 and dp > 0 and tp > 0 and stage == rank // 4, records
+    failed = meshed.run("%%distributed\nif rank == 5:\n    raise ValueError('a 3-D rank broke')\ntrain3d(1)",
+                        allow_error=True, timeout=200)
+    assert "ValueError: a 3-D rank broke" in failed.traceback and "variables on the ranks are kept" in failed.traceback, \
+        failed.traceback
+    after = meshed.run("%%distributed --output all\nprint(all(l.item() == l.item() for l in train3d(2)))", timeout=200)
+    assert after.error is None and after.stdout.count("True") == 8, after.shown

@@ -20,7 +20,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 Frame = tuple[str, int, str]
 
@@ -35,6 +35,15 @@ SAMPLE_SIGNAL = signal.SIGUSR2
 
 #: Path fragments of frames that wait for other ranks (backends add their own: ``BackendSpec``).
 COLLECTIVE_PATHS: tuple[str, ...] = ("/torch/distributed/",)
+#: The path of the frame a rank adds, innermost, to say what it waits for where its frames cannot (a pipeline
+#: stage waiting to receive from another: :data:`WAITING_FOR`); its function is the description.
+NOTE_PATH = "<jdist: waiting>"
+#: What this process's main thread waits for, set around the wait by the code that waits (None: nothing
+#: said): "to receive activations from stage 1 (rank 1)", or a function that says it (called only when the
+#: rank's guard looks: :func:`annotated`).
+WAITING_FOR: list[Any] = [None]
+#: torch's operator dispatch: the frames a functional collective's C++ call sits in, above its own frame.
+_DISPATCH_PATHS = ("/torch/_ops.py", "/torch/_library/")
 #: Cell code on an ipykernel engine is compiled from files like /tmp/ipykernel_<pid>/<hash>.py.
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-|<%%distributed cell>)")
 #: jdist's own code on a rank: a call from the kernel enters it at ``jdist/protocol.py`` (``RankCall``).
@@ -89,12 +98,22 @@ def describe(frames: Sequence[Frame], backward_waits: bool = False,
     >>> describe([("/x/torch/autograd/graph.py", 8, "_engine_run_backward"), ("/tmp/ipykernel_7/1.py", 5, "<module>")],
     ...          backward_waits=True)
     'backward (gradient all-reduce) (cell line 5)'
+    >>> describe([("/x/torch/_ops.py", 1279, "__call__"), ("/x/torch/distributed/_functional_collectives.py", 170,
+    ...            "all_reduce"), ("/tmp/ipykernel_7/1.py", 5, "<module>")])
+    'all_reduce (cell line 5)'
     """
     if not frames:
         return None
     waiting = None
-    for path, _, func in frames:
-        if any(p in path for p in collective_paths):
+    first = 0  # a functional collective waits inside torch's operator dispatch (torch/_ops.py) under its frame
+    while first < len(frames) and any(d in frames[first][0] for d in _DISPATCH_PATHS):
+        first += 1
+    if first and not (first < len(frames) and any(p in frames[first][0] for p in collective_paths)):
+        first = 0
+    for path, _, func in frames[first:]:
+        if path == NOTE_PATH:  # what the rank said it waits for (annotated)
+            waiting = func
+        elif any(p in path for p in collective_paths):
             waiting = waiting or func
         elif waiting is None and backward_waits and path.endswith("/torch/autograd/graph.py"):
             waiting = "backward (gradient all-reduce)"
@@ -103,6 +122,34 @@ def describe(frames: Sequence[Frame], backward_waits: bool = False,
     if waiting is None:
         return None
     return f"{waiting} ({where_in_cell(frames)})"
+
+
+def annotated(frames: list[Frame]) -> list[Frame]:
+    """The main thread's frames with what it said it waits for (:data:`WAITING_FOR`) as an innermost frame.
+
+    >>> WAITING_FOR[0] = "to receive activations from stage 0 (rank 0)"
+    >>> frames = annotated([("/x/torch/distributed/pipelining/schedules.py", 680, "_wait_batch_p2p"),
+    ...                     ("/tmp/ipykernel_7/1.py", 9, "<module>")])
+    >>> WAITING_FOR[0] = None; summary(frames)
+    'waiting to receive activations from stage 0 (rank 0) (cell line 9)'
+    """
+    note = WAITING_FOR[0]
+    if callable(note):
+        try:
+            note = note()
+        except Exception:  # (what it waits for could not be said: its frames still say where)
+            note = None
+    return [(NOTE_PATH, 0, note), *frames] if note else frames
+
+
+def waiting_phrase(where: str) -> str:
+    """``waiting in all_reduce (cell line 3)``, or for what a rank said it waits for, ``waiting to receive
+    activations from stage 1 (rank 1) (cell line 9)``.
+
+    >>> waiting_phrase("all_reduce (cell line 3)"), waiting_phrase("to receive gradients from stage 2 (rank 2) (x.py:4)")
+    ('waiting in all_reduce (cell line 3)', 'waiting to receive gradients from stage 2 (rank 2) (x.py:4)')
+    """
+    return f"waiting {where}" if where.startswith("to ") else f"waiting in {where}"
 
 
 def _runs_a_script(path: str, func: str) -> bool:
@@ -287,7 +334,7 @@ def summary(frames: Sequence[Frame], backward_waits: bool = False,
         return "did not answer (no stack within the time limit)"
     waiting = describe(frames, backward_waits, collective_paths)
     if waiting:
-        return f"waiting in {waiting}"
+        return waiting_phrase(waiting)
     if any(_CELL_FILE.search(path) for path, _, _ in frames):
         path, line, func = frames[0]
         inner = "" if _CELL_FILE.search(path) else f", in {func} at {Path(path).name}:{line}"

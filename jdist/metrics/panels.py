@@ -845,8 +845,7 @@ def pipeline_panel(run: Run) -> BarDef | None:
         lo = int((start - t0) / span * PIPE_COLUMNS)
         hi = max(lo + 1, int(math.ceil((end - t0) / span * PIPE_COLUMNS)))
         grid[order[(stage, rank)], lo:min(hi, PIPE_COLUMNS)] = round(value / 4 * 254)
-    m = len({row[3] for row in rows if row[4] == "F"})
-    p = len({row[1] for row in rows})  # ranks: a rank of Interleaved 1F1B runs several stages
+    m, p = _pipe_shape(rows)
     bubble = run.per_rank_mean("bubble_frac", last=RECENT_STEPS, skip_first=True)
     measured = f"bubble {statistics.mean(bubble.values()):.2f} measured" if bubble else "bubble not measured yet"
     title = f"pipeline, step {step}: {measured}, (p-1)/(m+p-1) = {pipeline_theory(p, m):.2f} (p={p}, m={m})"
@@ -856,6 +855,22 @@ def pipeline_panel(run: Run) -> BarDef | None:
                          cells=base64.b64encode(grid.tobytes()).decode(), low=0.0, high=1.0,
                          colors=list(PIPE_COLORS), legend=_pipe_legend(rows))
     return BarDef(panel, summary=_pipeline_summary)
+
+
+def _pipe_shape(rows: list[list[Any]]) -> tuple[int, int]:
+    """A pipeline step's micro-batches and stage ranks per pipeline (``m``, ``p`` of the bubble's theory): the
+    stages over the stages each rank runs (Interleaved 1F1B: several; on a 3-D mesh each stage has several
+    ranks, which count once).
+
+    >>> _pipe_shape([[0, r, r % 2 + 2 * (i % 2), 0, "F", 0, 1] for r in range(2) for i in range(2)])
+    (1, 2)
+    """
+    m = len({row[3] for row in rows if row[4] == "F"})
+    per_rank: dict[int, set[int]] = {}
+    for row in rows:
+        per_rank.setdefault(row[1], set()).add(row[2])
+    stages = len({row[2] for row in rows})
+    return m, max(1, stages // max(len(s) for s in per_rank.values()))
 
 
 def _pipe_legend(rows: list[list[Any]]) -> list[tuple[str, str]]:
@@ -870,13 +885,13 @@ def _pipeline_summary(run: Run) -> list[str]:
     if latest is None:
         return []
     _, rows = latest
-    m = len({row[3] for row in rows if row[4] == "F"})
-    p = len({row[1] for row in rows})
+    m, p = _pipe_shape(rows)
     stages = len({row[2] for row in rows})
+    ranks = len({row[1] for row in rows})
     bubble = run.per_rank_mean("bubble_frac", skip_first=True)
     measured = (f"bubble {statistics.mean(bubble.values()):.2f} measured (mean over stages, "
                 f"{min(bubble.values()):.2f}..{max(bubble.values()):.2f})") if bubble else "bubble not measured"
-    return [f"pipeline: {stages} stages on {p} ranks, {m} micro-batches a step; {measured}, "
+    return [f"pipeline: {stages} stages on {ranks} ranks, {m} micro-batches a step; {measured}, "
             f"{pipeline_theory(p, m):.2f} = (p-1)/(m+p-1)"]
 
 

@@ -88,8 +88,9 @@ def learn_meshes(s: RankSession) -> None:
 
     if isinstance(s.backend, TorchBackend):
         from .mesh.dims import learn_meshes as install
+        from .torchrun import new_group
 
-        install()
+        install(new_group)  # (a mesh's groups: their sockets noted by the guard, as new_group's)
 
 
 def watch_setup(config: SetupConfig) -> Callable[[], None]:

@@ -150,12 +150,15 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
             f"Checkpoint {path} is not visible on rank(s) {missing}. Give a path that exists and that "
             "all ranks share (a shared filesystem on multi-node clusters); jdist.latest_checkpoint(dir) finds one."
         )
-    if path.is_dir() != (backend.checkpoint_layout == "dir"):
+    from .mesh.checkpoint import has_dtensors
+
+    sharded = has_dtensors(model)
+    if path.is_dir() != (backend.checkpoint_layout == "dir" or sharded):
         saved_kind = "sharded (a folder)" if path.is_dir() else "single-file"
-        raise ValueError(
-            f"{path} is a {saved_kind} checkpoint but this cluster runs --backend {s.backend_name}; "
-            "load it under the backend that saved it."
-        )
+        now = ("this model's parameters are DTensors (it takes a sharded one)" if sharded else
+               f"this cluster runs --backend {s.backend_name}")
+        raise ValueError(f"{path} is a {saved_kind} checkpoint but {now}; load it into the model that saved it, "
+                         "under the backend that saved it.")
     opt = _inner_optimizer(optimizer)
     with _keeping_param_groups(opt):
         meta = backend.load_state(path, model, opt)

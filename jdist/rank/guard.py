@@ -56,6 +56,7 @@ from jdist.common.stacks import (
     Frame,
     Progress,
     Sample,
+    annotated,
     describe,
     format_sample,
 )
@@ -160,7 +161,7 @@ class Guard:
         send it (:meth:`install`'s ``report``)."""
         if self.report is not None:
             try:
-                self.report(format_sample(Sample(frames_of(_main_frame()), progress(self.marker))))
+                self.report(format_sample(Sample(annotated(frames_of(_main_frame())), progress(self.marker))))
             except Exception:  # no sample is no evidence; this thread must live on for releases
                 pass
             return
@@ -168,7 +169,7 @@ class Guard:
             return
         tmp = self.sample_path.with_name(self.sample_path.name + ".tmp")
         try:
-            sample = Sample(frames_of(_main_frame()), progress(self.marker))
+            sample = Sample(annotated(frames_of(_main_frame())), progress(self.marker))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(format_sample(sample))
@@ -178,7 +179,7 @@ class Guard:
 
     def where(self) -> str | None:
         """What the main thread waits on, if it waits in a collective (else None)."""
-        return describe(frames_of(_main_frame()), self.backward_waits, self.collective_paths)
+        return describe(annotated(frames_of(_main_frame())), self.backward_waits, self.collective_paths)
 
     def release(self, reason: str) -> str | None:
         """Break the process group's connections if the main thread waits in a collective.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from jdist.common.last_words import lines_of
-from jdist.common.stacks import crash_lines
+from jdist.common.stacks import crash_lines, waiting_phrase
 from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
@@ -74,7 +74,7 @@ def fault_notes(result: CellResult, frontend: Frontend = NOTEBOOK) -> list[str]:
             f"of pdb's q on {rank_ranges(quit)}" if quit else "of the interrupt")
         alike: dict[str, list[int]] = {}  # at 32 ranks, one line per place rather than one per rank
         for r in obs.released:
-            how = (f"waiting in {where[r]}" if r in where else "still running: below" if r in obs.stuck
+            how = (waiting_phrase(where[r]) if r in where else "still running: below" if r in obs.stuck
                    else "stopped with KeyboardInterrupt")
             alike.setdefault(how, []).append(r)
         for how, ranks in alike.items():
@@ -158,7 +158,7 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
     if obs.hang is not None and not result.failed:
         finished = [r for r in obs.ranks if r not in obs.hang]
         lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
-                 "(--watchdog).", *[f"  rank {r}: waiting in {w}" for r, w in sorted(obs.hang.items())]]
+                 "(--watchdog).", *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
         lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
         raise HangError(*lines, *extra)
     if result.interrupted:

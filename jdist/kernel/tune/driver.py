@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from jdist.common.stacks import waiting_phrase
 from jdist.errors import ClusterError, OneLineError, RankFailure, first_failure, remote_errors, strip_ansi
 from jdist.protocol import TUNE_REPLY, RankCall
 
@@ -428,7 +429,7 @@ class Sweep:
                 tr.where = self._where(tr)
                 self._stop(tr, f"timed out after {self.trial_timeout:g} s")
             elif (hang := self._hung(tr)) is not None:
-                tr.where = [f"rank {r} waiting in {w}" for r, w in sorted(hang.items())]
+                tr.where = [f"rank {r} {waiting_phrase(w)}" for r, w in sorted(hang.items())]
                 period = self.cluster.config.watchdog
                 self._stop(tr, f"hung: no progress for {period:g} s and every rank of its slot waits in a "
                                "collective (--watchdog)")

@@ -19,12 +19,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .torch_group import TorchBackend
+from ..mesh.checkpoint import load_sharded, save_sharded
 from ..mesh.dims import DIMS
 from .base import CommTimer, timed_call
+from .torch_group import TorchBackend
 
-#: The file with jdist's part of a sharded checkpoint (step, RNG states, scheduler...).
-META_FILE = "jdist.pt"
 #: Option names accepted by ``jdist.prepare(model, ...)`` under ``--backend fsdp``.
 MODEL_OPTIONS = ("shard", "reshard_after_forward", "param_dtype", "reduce_dtype", "cpu_offload")
 
@@ -190,36 +189,12 @@ class FSDPBackend(TorchBackend):
 
     def save_state(self, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
         """Every rank writes its shards with ``torch.distributed.checkpoint`` into the folder ``path``;
-        rank 0 adds ``jdist.pt`` with ``meta``."""
-        import torch
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
+        rank 0 adds ``jdist.pt`` with ``meta`` (:mod:`jdist.rank.mesh.checkpoint`)."""
         assert self.ctx is not None
-        msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
-        state: dict[str, Any] = {"model": msd}
-        if optimizer is not None:
-            state["optim"] = osd
-        dcp.save(state, checkpoint_id=str(path))
-        if self.ctx.rank == 0:
-            torch.save({**meta, "has_optimizer": optimizer is not None}, path / META_FILE)
+        save_sharded(self.ctx.rank, path, model, optimizer, meta)
 
     def load_state(self, path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
-        import torch
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        meta = torch.load(path / META_FILE, map_location="cpu", weights_only=False)
-        if optimizer is not None and not meta.get("has_optimizer"):
-            raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
-        msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
-        state: dict[str, Any] = {"model": msd}
-        if optimizer is not None:
-            state["optim"] = osd
-        dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                       optim_state_dict=state.get("optim", {}))
-        return meta
+        return load_sharded(path, model, optimizer)
 
     def reattach(self, model: Any, group: Any) -> bool | None:
         # the re-made groups replaced the old ones in FSDP's mesh info (jdist.rank.mesh.groups.restore); a model

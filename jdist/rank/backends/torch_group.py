@@ -39,6 +39,24 @@ class TorchBackend(Backend):
         torch.cuda.set_device(world.local_rank)
         return torch.device("cuda", world.local_rank)
 
+    def save_state(self, path: Any, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
+        """A model whose parameters are DTensors (the cell's own tensor parallel, FSDP + TP): a folder of
+        shards (:mod:`jdist.rank.mesh.checkpoint`); else the backend's default (rank 0, one file)."""
+        from ..mesh.checkpoint import has_dtensors, save_sharded
+
+        if has_dtensors(model):
+            assert self.ctx is not None
+            save_sharded(self.ctx.rank, path, model, optimizer, meta)
+        else:
+            super().save_state(path, model, optimizer, meta)
+
+    def load_state(self, path: Any, model: Any, optimizer: Any) -> dict[str, Any]:
+        from ..mesh.checkpoint import has_dtensors, load_sharded
+
+        if has_dtensors(model):
+            return load_sharded(path, model, optimizer)
+        return super().load_state(path, model, optimizer)
+
     def setup(self, ctx: RankContext, timer: CommTimer) -> None:
         self.ctx = ctx
         self.timer = timer

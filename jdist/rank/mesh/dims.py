@@ -100,9 +100,13 @@ class MeshDims:
 DIMS = MeshDims()
 
 
-def learn_meshes() -> Callable[[], None]:
+def learn_meshes(new_group: Callable[..., Any] | None = None) -> Callable[[], None]:
     """Note every ``DeviceMesh`` made from now on in :data:`DIMS` (and those jdist made before); returns the
-    remover. Meshes made by slicing (``mesh["tp"]``) name groups their root mesh already named."""
+    remover. Meshes made by slicing (``mesh["tp"]``) name groups their root mesh already named. ``new_group``:
+    what a mesh makes its dimensions' groups with instead of torch's (``torch.distributed.device_mesh``
+    imported torch's by name: a rank's ``new_group`` notes the group's sockets, so that a release can break
+    a wait on them)."""
+    import torch.distributed.device_mesh as device_mesh
     from torch.distributed.device_mesh import DeviceMesh
 
     real = DeviceMesh.__init__
@@ -127,10 +131,15 @@ def learn_meshes() -> Callable[[], None]:
 
     DeviceMesh.__init__ = __init__  # type: ignore[method-assign]
     DeviceMesh.from_group = staticmethod(from_group)  # type: ignore[method-assign,assignment]
+    real_new_group = getattr(device_mesh, "new_group", None)
+    if new_group is not None and real_new_group is not None:
+        device_mesh.new_group = new_group  # type: ignore[attr-defined]
 
     def undo() -> None:
         DeviceMesh.__init__ = real  # type: ignore[method-assign]
         DeviceMesh.from_group = staticmethod(real_from_group)  # type: ignore[method-assign,assignment]
+        if new_group is not None and real_new_group is not None:
+            device_mesh.new_group = real_new_group  # type: ignore[attr-defined]
 
     return undo
 

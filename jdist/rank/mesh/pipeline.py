@@ -52,9 +52,12 @@ import importlib.machinery
 import sys
 import time
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from jdist.protocol import PROTOCOL_VERSION
+
+from jdist.common.stacks import WAITING_FOR
 
 from ..backends.base import merged_seconds
 from .dims import DIMS
@@ -80,6 +83,7 @@ class PipelineRecorder:
         self.actions: list[tuple[int, int, str, float, float]] = []  # (stage, microbatch, action, start, end)
         self.window_start: float | None = None  # the previous record's close (or the cell's first schedule step)
         self.stages: set[int] = set()
+        self.running: set[int] = set()  # the stages of the schedule stepping now (its waits name their peers')
         self.losses: list[tuple[Any, float]] = []  # the last stage's (loss, 1 / micro-batches), for AutoSteps
         #: rows for the kernel: [step, rank, stage, microbatch, action, start, end] (unix seconds)
         self.rows: deque[list[Any]] = deque(maxlen=ROWS_MAX)
@@ -117,6 +121,37 @@ class PipelineRecorder:
         except IndexError:
             pass
         return {"v": PROTOCOL_VERSION, "kind": "pipeline", "cell": cell, "rank": self.session.ctx.rank, "rows": out}
+
+
+def what_it_waits_for(ops: Any, desc: str | None, own: set[int]) -> str | None:
+    """What a stage's wait on a batch of sends and receives is, as the hang and release messages say it:
+    "to receive activations from stage 1 (rank 1)" (the peer's stage: this rank's one stage -1 for
+    activations, +1 for gradients; unsaid where the rank runs several stages).
+
+    >>> class Op: pass
+    >>> op = Op(); op.peer = 1; op.op = None
+    >>> what_it_waits_for([op], "fwd_recv", {2}), what_it_waits_for([op], "bwd_send", {0, 2})
+    ('to receive activations from stage 1 (rank 1)', 'to send gradients to rank 1')
+    """
+    try:
+        peer = ops[0].peer
+    except (AttributeError, IndexError, TypeError):
+        return None
+    stage = next(iter(own)) if len(own) == 1 else None
+    text = desc or ""
+    if "bwd_recv" in text:
+        what, other = "to receive gradients from", None if stage is None else stage + 1
+    elif "fwd_recv" in text:
+        what, other = "to receive activations from", None if stage is None else stage - 1
+    elif "fwd_send" in text:
+        what, other = "to send activations to", None if stage is None else stage + 1
+    elif "bwd_send" in text:
+        what, other = "to send gradients to", None if stage is None else stage - 1
+    else:
+        import torch.distributed as dist
+
+        what, other = ("to receive from" if getattr(ops[0], "op", None) is dist.irecv else "to send to"), None
+    return f"{what} stage {other} (rank {peer})" if other is not None and other >= 0 else f"{what} rank {peer}"
 
 
 def install(s: RankSession, timer: Any, kind: str) -> Callable[[], None]:
@@ -189,6 +224,8 @@ def _patch(s: RankSession, timer: Any, kind: str) -> list[Callable[[], None]]:
             if rec.depth:
                 return real(self, *args, **kwargs)
             rec.depth += 1
+            stages = getattr(self, "_stages", None) or [getattr(self, "_stage", None)]
+            rec.running = {st.stage_index for st in stages if st is not None}
             if rec.window_start is None:
                 rec.window_start = clock()
             try:
@@ -228,7 +265,7 @@ def _patch(s: RankSession, timer: Any, kind: str) -> list[Callable[[], None]]:
 
         return _update_losses
 
-    pending: dict[int, tuple[Any, str]] = {}
+    pending: dict[int, tuple[Any, str, str | None]] = {}  # id(works) -> (start, dimension, what the wait is)
 
     def world() -> Any:
         import torch.distributed as dist
@@ -259,20 +296,26 @@ def _patch(s: RankSession, timer: Any, kind: str) -> list[Callable[[], None]]:
                         DIMS.order.append("pp")
                 if len(pending) >= PENDING_MAX:
                     pending.clear()
-                pending[id(works)] = (start, dim)
+                pending[id(works)] = (start, dim, (p2p_ops, args[0] if args else kwargs.get("desc")))
             return works
 
         return _batch_p2p
 
     def make_wait(real: Any) -> Any:
         def _wait_batch_p2p(work: Any) -> Any:
-            out = real(work)
             issued = pending.pop(id(work), None)
-            if issued is not None:
-                if cuda:
-                    timer.record_cuda(issued[0], now(), issued[1])
-                else:
-                    timer.record(issued[0], clock(), issued[1])
+            if issued is None:
+                return real(work)
+            # (said only if the guard looks: the text is made then)
+            WAITING_FOR[0] = partial(what_it_waits_for, issued[2][0], issued[2][1], rec.running)
+            try:
+                out = real(work)
+            finally:
+                WAITING_FOR[0] = None
+            if cuda:
+                timer.record_cuda(issued[0], now(), issued[1])
+            else:
+                timer.record(issued[0], clock(), issued[1])
             return out
 
         return _wait_batch_p2p
