@@ -46,7 +46,7 @@ FAMILY_OF = {"notebooks/12-ray-train.ipynb": "tests/test_ray.py"}
 #: no worker is left with a long one while the other idles.
 LONGEST_FIRST = ("tests/test_multinode.py", "tests/test_ray.py", "tests/test_cli.py", "tests/test_fault_matrix.py",
                  "tests/test_deepspeed.py", "tests/test_training.py", "tests/test_tune.py", "tests/test_lifecycle.py",
-                 "tests/test_tf.py", "tests/test_browser.py", "tests/test_faults.py")
+                 "tests/test_tf.py", "tests/test_mesh.py", "tests/test_browser.py", "tests/test_faults.py")
 
 
 def family(nodeid: str) -> str:

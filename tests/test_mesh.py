@@ -8,6 +8,7 @@ in the next cell, and so does a model ``jdist.prepare`` sharded (``--backend fsd
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -44,6 +45,28 @@ def meshed(kernel):
                      "print(tuple(mesh.mesh.shape), mesh.mesh_dim_names)")
     assert out.error is None, out.shown
     return kernel
+
+
+def test_dist_restart_restores_an_fsdp_plus_tp_model_bit_for_bit(meshed, tmp_path):
+    """jdist.checkpoint_every in a set-up cell, a training cell that logs its steps, then %dist restart: new
+    ranks, the set-up cells replayed (the model built again on the mesh), the newest checkpoint (DTensor
+    shards) restored into the same names: every parameter's every bit, and the next step's loss, are the
+    first ranks'. (First in the module: a restart replays every set-up cell so far.)"""
+    ckpt = tmp_path / "auto"
+    setup = meshed.run("%%distributed\n" + MODEL + f"jdist.checkpoint_every(2, {str(ckpt)!r}, model=model, optimizer=opt)\n"
+                       "import hashlib\n"  # every parameter's every bit
+                       "def bits(m):\n    return hashlib.sha1(b''.join(p.full_tensor().detach().numpy().tobytes() for p in "
+                       "m.parameters())).hexdigest()")
+    assert setup.error is None, setup.shown
+    before = meshed.run("%%distributed --output all\nfor step in range(1, 5):\n    jdist.log(step=step, loss=train(1)[0])\n"
+                        "print(bits(model), train(1))").stdout
+    before = "\n".join(line for line in before.splitlines() if line.startswith("[rank"))  # (not the run's summary)
+    out = meshed.run("%dist restart", timeout=300)
+    assert "restored" in out.stdout and "step-00000004 (step 4)" in out.stdout, out.stdout + out.stderr
+    after = meshed.run("%%distributed --output all\n"
+                       "print(bits(model), train(1))").stdout
+    after = "\n".join(line for line in after.splitlines() if line.startswith("[rank"))
+    assert len(before.splitlines()) == 4 and sorted(after.splitlines()) == sorted(before.splitlines()), (before, after)
 
 
 def test_mesh_is_defined_changed_live_and_refused_in_one_line(meshed):
@@ -174,6 +197,28 @@ def test_a_pipeline_schedule_gives_each_stage_its_records_bubble_and_timeline(me
         assert all(abs(b - theory) < 0.1 for b in measured), (theory, measured)
 
 
+def test_a_pipeline_stage_checkpoint_keeps_every_stage(meshed, tmp_path):
+    """jdist.save_checkpoint of each rank's stage module (each stage names its parameters alike): every
+    stage's state under its own key; loading it back gives each rank its own stage, bit for bit."""
+    if not meshed.value("'pipeline' in dir()"):
+        meshed.run("%%distributed\n" + PIPELINE)
+    ckpt = tmp_path / "stages"
+    out = meshed.run(
+        "%%distributed --output all\nimport hashlib\ntorch.manual_seed(rank)  # a different stage on each rank\n"
+        "stage = PipelineStage(Block(), rank, world_size, torch.device('cpu'))\n"
+        "opt = torch.optim.SGD(stage.submod.parameters(), lr=0.1, momentum=0.9)\n"
+        "sched = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).pow(2).mean())\n"
+        "x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))\n"
+        "def one():\n    sched.step(x, target=x) if rank == 0 else sched.step(target=x)\n    opt.step(); opt.zero_grad()\n"
+        "def bits():\n    return hashlib.sha1(b''.join(p.detach().numpy().tobytes() for p in stage.submod.parameters()))"
+        ".hexdigest()\n"
+        f"one(); jdist.save_checkpoint({str(ckpt)!r}, model=stage.submod, optimizer=opt)\nsaved = bits()\n"
+        f"one(); one()\njdist.load_checkpoint({str(ckpt)!r}, model=stage.submod, optimizer=opt)\n"
+        "print(bits() == saved)")
+    assert out.error is None and out.stdout.count("True") == 4, out.shown  # (each rank's stage differs)
+    assert sorted(p.name for p in ckpt.iterdir() if p.suffix == ".distcp") == [f"__{r}_0.distcp" for r in range(4)]
+
+
 def test_a_stage_that_does_not_send_is_named_by_the_stages_that_wait_for_it(meshed):
     """Rank 1 (stage 1) never runs its schedule step: the hang report says what each stage waits for
     (to send activations to stage 1, to receive them from it...); then it raises instead, and the others are released
@@ -200,6 +245,70 @@ def test_a_stage_that_does_not_send_is_named_by_the_stages_that_wait_for_it(mesh
     assert "rank 2: released because rank 1 failed (it was waiting to receive activations from stage 1 (rank 1) (" \
         in tb, tb
     assert meshed.run("%%distributed\nrun_stage(); print('trained')").stdout.count("trained") == 1
+
+
+SCRIPT = """import json, sys, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
+from torch.distributed.fsdp import fully_shard
+import jdist
+dist.init_process_group("gloo")
+given = jdist.mesh()  # --mesh under jdist run; None under torchrun
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+fully_shard(model, mesh=mesh["dp"])
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+g = torch.Generator().manual_seed(mesh.get_local_rank("dp"))
+losses = []
+for step in range(6):
+    x = torch.randn(8, 16, generator=g)
+    loss = (model(x) - x).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    losses.append(loss.item())
+if dist.get_rank() in (0, 2):  # one rank of each dp group
+    dims = None if given is None else list(given.mesh_dim_names)
+    line = f"LOSSES {dist.get_rank()} {json.dumps(losses, separators=(',', ':'))} {json.dumps(dims)}\\n"
+    sys.stdout.write(line); sys.stdout.flush()  # (one write: the ranks share the pipe)
+dist.destroy_process_group()
+"""
+
+
+def _losses(text: str) -> dict[int, tuple[list[float], object]]:
+    out = {}
+    for line in text.splitlines():
+        if "LOSSES " in line:
+            rank, losses, dims = line.split("LOSSES ", 1)[1].split(" ", 2)  # (dims: JSON, null or a list)
+            out[int(rank)] = (json.loads(losses), json.loads(dims))
+    return out
+
+
+def test_a_script_with_its_own_mesh_gives_torchruns_losses_under_jdist_run_and_run(meshed, tmp_path):
+    """The same FSDP + TP script (its own init_process_group and init_device_mesh) under torchrun, under
+    jdist run --mesh (which also gives it jdist.mesh()) and with %run in a cell: the same losses, step for step."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train2d.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "JDIST_RUN_DIR": str(tmp_path / "runs")}
+    bin_dir = Path(sys.executable).parent
+    plain = subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "4", str(script)],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    run = subprocess.run([sys.executable, "-m", "jdist", "run", "-n", "4", "--no-live", "--output", "all", "--mesh",
+                          "dp=2,tp=2", str(script)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    cell = meshed.run(f"%%distributed --output all\n%run {script}")
+    assert cell.error is None, cell.shown
+    torchrun, jdist_run, in_cell = _losses(plain.stdout), _losses(run.stdout), _losses(cell.stdout)
+    assert set(torchrun) == {0, 2} and torchrun[0][1] is None, plain.stdout
+    assert jdist_run[0][1] == ["dp", "tp"], run.stdout  # jdist.mesh() is --mesh's
+    for rank in (0, 2):
+        assert jdist_run[rank][0] == pytest.approx(torchrun[rank][0], rel=1e-6, abs=1e-7), (rank, run.stdout)
+        assert in_cell[rank][0] == pytest.approx(torchrun[rank][0], rel=1e-6, abs=1e-7), (rank, cell.stdout)
 
 
 THREE_D = """

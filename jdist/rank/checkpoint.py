@@ -150,12 +150,12 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
             f"Checkpoint {path} is not visible on rank(s) {missing}. Give a path that exists and that "
             "all ranks share (a shared filesystem on multi-node clusters); jdist.latest_checkpoint(dir) finds one."
         )
-    from .mesh.checkpoint import has_dtensors
+    from .mesh.checkpoint import is_sharded
 
-    sharded = has_dtensors(model)
+    sharded = is_sharded(model)
     if path.is_dir() != (backend.checkpoint_layout == "dir" or sharded):
         saved_kind = "sharded (a folder)" if path.is_dir() else "single-file"
-        now = ("this model's parameters are DTensors (it takes a sharded one)" if sharded else
+        now = ("this model is sharded (DTensor parameters, or a pipeline stage's module)" if sharded else
                f"this cluster runs --backend {s.backend_name}")
         raise ValueError(f"{path} is a {saved_kind} checkpoint but {now}; load it into the model that saved it, "
                          "under the backend that saved it.")

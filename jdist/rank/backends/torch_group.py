@@ -40,20 +40,21 @@ class TorchBackend(Backend):
         return torch.device("cuda", world.local_rank)
 
     def save_state(self, path: Any, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
-        """A model whose parameters are DTensors (the cell's own tensor parallel, FSDP + TP): a folder of
-        shards (:mod:`jdist.rank.mesh.checkpoint`); else the backend's default (rank 0, one file)."""
-        from ..mesh.checkpoint import has_dtensors, save_sharded
+        """A model whose parameters are DTensors (the cell's own tensor parallel, FSDP + TP) or a pipeline
+        stage's module: a folder of shards (:mod:`jdist.rank.mesh.checkpoint`); else the backend's default
+        (rank 0, one file)."""
+        from ..mesh.checkpoint import is_sharded, save_sharded
 
-        if has_dtensors(model):
+        if is_sharded(model):
             assert self.ctx is not None
             save_sharded(self.ctx.rank, path, model, optimizer, meta)
         else:
             super().save_state(path, model, optimizer, meta)
 
     def load_state(self, path: Any, model: Any, optimizer: Any) -> dict[str, Any]:
-        from ..mesh.checkpoint import has_dtensors, load_sharded
+        from ..mesh.checkpoint import is_sharded, load_sharded
 
-        if has_dtensors(model):
+        if is_sharded(model):
             return load_sharded(path, model, optimizer)
         return super().load_state(path, model, optimizer)
 

@@ -3,7 +3,9 @@ its shards with ``torch.distributed.checkpoint`` into one folder, the model and 
 with ``get_state_dict`` (each parameter once, by its global name, whatever the mesh) and put back with
 ``set_state_dict``; rank 0 adds ``jdist.pt`` with jdist's own state (step, RNG, scheduler...).
 ``--backend fsdp`` keeps every checkpoint this way; the other torch backends for models with DTensors
-(``jdist.save_checkpoint`` of a model the cell parallelized itself).
+(``jdist.save_checkpoint`` of a model the cell parallelized itself) and for a pipeline stage's module
+(``PipelineStage(module, ...)``): each stage's state under its own key, ``stage<index>``, since every stage
+names its parameters alike (a 3-D model's stages are DTensors on different sub-meshes under the same names).
 """
 
 from __future__ import annotations
@@ -13,6 +15,35 @@ from typing import Any
 
 #: jdist's own state in a sharded checkpoint's folder.
 META_FILE = "jdist.pt"
+
+
+def stage_of(model: Any) -> int | None:
+    """The index of the pipeline stage whose module ``model`` is (``torch.distributed.pipelining``), or None.
+
+    >>> import torch
+    >>> stage_of(torch.nn.Linear(2, 2)) is None
+    True
+    """
+    import gc
+    import sys
+
+    if model is None or "torch.distributed.pipelining" not in sys.modules:
+        return None
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    for obj in gc.get_referrers(model):  # (a stage holds its module as an attribute)
+        if isinstance(obj, dict):
+            for holder in gc.get_referrers(obj):
+                if isinstance(holder, _PipelineStageBase) and getattr(holder, "submod", None) is model:
+                    return int(holder.stage_index)
+        elif isinstance(obj, _PipelineStageBase) and getattr(obj, "submod", None) is model:
+            return int(obj.stage_index)
+    return None
+
+
+def is_sharded(model: Any) -> bool:
+    """Whether ``model``'s checkpoint is a folder of shards: DTensor parameters, or a pipeline stage's module."""
+    return has_dtensors(model) or stage_of(model) is not None
 
 
 def has_dtensors(model: Any) -> bool:
@@ -37,7 +68,8 @@ def save_sharded(rank: int, path: Path, model: Any, optimizer: Any, meta: dict[s
     state: dict[str, Any] = {"model": msd}
     if optimizer is not None:
         state["optim"] = osd
-    dcp.save(state, checkpoint_id=str(path))
+    stage = stage_of(model)
+    dcp.save(state if stage is None else {f"stage{stage}": state}, checkpoint_id=str(path))
     if rank == 0:
         torch.save({**meta, "has_optimizer": optimizer is not None}, path / META_FILE)
 
@@ -55,10 +87,11 @@ def load_sharded(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
     state: dict[str, Any] = {"model": msd}
     if optimizer is not None:
         state["optim"] = osd
-    dcp.load(state, checkpoint_id=str(path))
+    stage = stage_of(model)
+    dcp.load(state if stage is None else {f"stage{stage}": state}, checkpoint_id=str(path))
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}))
     return meta
 
 
-__all__ = ["META_FILE", "has_dtensors", "load_sharded", "save_sharded"]
+__all__ = ["META_FILE", "has_dtensors", "is_sharded", "load_sharded", "save_sharded", "stage_of"]
