@@ -59,6 +59,14 @@ def test_tensorboard_export_per_rank_and_mean(tmp_path):
     assert "_hparams_/session_start_info" in mean.summary_metadata
     assert "cell" in mean.Tags()["tensors"]
     assert b"jdist.log(loss=1.0)" in mean.Tensors("cell")[0].tensor_proto.string_val[0]
+    # a mesh's communication per dimension and a pipeline stage's bubble (MESH_METRICS) go out as scalars too
+    staged = Run("mesh", 2)
+    staged.add([{"rank": r, "cell": 1, "seq": s, "step": s, "time": 1000.0 + s, "comm_time_s": 0.01,
+                 "comm_time_tp_s": 0.004, "comm_time_pp_s": 0.003, "pp_stage": r, "bubble_frac": 0.25 + 0.1 * r}
+                for s in range(3) for r in range(2)])
+    staged_mean = read_tensorboard(staged.to_tensorboard(tmp_path / "tb-mesh") / "mean")
+    assert {"comm_time_tp_s", "comm_time_pp_s", "bubble_frac"} <= set(staged_mean.Tags()["scalars"])
+    assert [e.value for e in staged_mean.Scalars("bubble_frac")] == pytest.approx([0.3] * 3)
 
 
 def test_tensorboard_export_never_imports_tensorflow(tmp_path):

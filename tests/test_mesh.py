@@ -1,8 +1,12 @@
-"""Model parallelism on one real 4-rank MPI cluster of CPU ranks (gloo), nothing mocked (docs/model-parallel.md):
-``--mesh`` as ``mesh`` in the cells (at start, changed live, bad values), tensor parallel and FSDP + TP on a
-2-D ``("dp", "tp")`` mesh (the cell's own ``fully_shard`` and ``parallelize_module``) with the communication time of each dimension in the records, and the fault
-promise on meshes: after a release, the 2-D model, the mesh's groups and a ``new_group`` of the cell's work
-in the next cell, and so does a model ``jdist.prepare`` sharded (``--backend fsdp``). Unit tests of the parts: tests/test_meshspec.py, the docstrings of jdist/rank/mesh/.
+"""Model parallelism on one real MPI cluster of CPU ranks (gloo; 4 ranks, 8 for the 3-D model at the end),
+nothing mocked (docs/model-parallel.md): ``--mesh`` as ``mesh`` in the cells (at start, changed live, bad
+values); FSDP + TP on a 2-D ``("dp", "tp")`` mesh (the cell's own ``fully_shard`` and ``parallelize_module``)
+with the communication time of each dimension, its sharding table and checkpoints (``%dist restart`` too);
+real ``torch.distributed.pipelining`` schedules with their records, bubble and timeline, stage checkpoints and
+the stages that wait named; a script with its own mesh against torchrun; the fault promise on meshes: after a
+release the 2-D and 3-D models, the mesh's groups, a ``new_group`` of the cell's and a model ``jdist.prepare``
+sharded (``--backend fsdp``) work in the next cell. Unit tests of the parts: tests/test_meshspec.py, the
+docstrings of jdist/rank/mesh/; the panels: tests/test_dashboard.py, tests/test_browser.py.
 """
 
 from __future__ import annotations

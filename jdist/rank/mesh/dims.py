@@ -52,6 +52,7 @@ class MeshDims:
             return self.by_group[group]
         except (KeyError, TypeError):
             pass
+        asked = group
         if group is None:
             import torch.distributed as dist
 
@@ -60,7 +61,7 @@ class MeshDims:
             group = dist.group.WORLD
         dim = self.by_name.get(getattr(group, "group_name", None) or "")
         try:
-            self.by_group[group] = dim  # type: ignore[assignment]
+            self.by_group[asked] = dim  # type: ignore[assignment]  (None too: the default group, cached)
         except TypeError:
             pass
         return dim

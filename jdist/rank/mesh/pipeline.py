@@ -69,6 +69,9 @@ if TYPE_CHECKING:
 PACKAGE = "torch.distributed.pipelining"
 #: Issued sends/receives whose wait was not seen yet, at most.
 PENDING_MAX = 1024
+#: Actions kept until a record takes them, at most (schedules stepped with no optimizer step, ``eval`` in a
+#: loop: the oldest half goes).
+ACTIONS_MAX = 100_000
 #: Timeline rows kept on the rank until the publisher sends them (past it the oldest go: a kernel that
 #: does not read must not grow the rank).
 ROWS_MAX = 100_000
@@ -249,7 +252,10 @@ def _patch(s: RankSession, timer: Any, kind: str) -> list[Callable[[], None]]:
             try:
                 return real(self, chunk, *args, **kwargs)
             finally:
-                rec.actions.append((self.stage_index, chunk, action, start, clock()))
+                actions = rec.actions
+                if len(actions) >= ACTIONS_MAX:
+                    del actions[: ACTIONS_MAX // 2]
+                actions.append((self.stage_index, chunk, action, start, clock()))
                 rec.stages.add(self.stage_index)
 
         run.__wrapped__ = real  # type: ignore[attr-defined]
