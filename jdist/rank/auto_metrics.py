@@ -63,7 +63,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from .backends.base import TIMING, CommTimer
 from .mesh.dims import DIMS
 from .mesh.pipeline import install as install_pipeline
-from .mesh.timing import group_position, time_functional_collectives
+from .mesh.timing import group_position
+from .mesh.timing import install as install_functional
 from .sources import ON_DEVICE, on_default_stream
 from .stream import UNSAMPLED, Entry
 
@@ -517,7 +518,7 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
         return __init__
 
     undo.append(patch(DistributedDataParallel, "__init__", make_init))
-    undo.append(time_functional_collectives(timer, kind))  # DTensor's: tensor and sequence parallel
+    undo.append(install_functional(timer, kind))  # DTensor's (tensor, sequence parallel): once it is imported
     undo.append(install_pipeline(steps.session, timer, kind))  # torch.distributed.pipelining's schedules
 
     def make_forward(real: Any) -> Any:

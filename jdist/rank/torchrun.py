@@ -24,7 +24,6 @@ Example (what a rank of a 2-rank CPU cluster sees; the values are set by :func:`
 
 from __future__ import annotations
 
-import importlib.abc
 import inspect
 import os
 import socket
@@ -32,6 +31,7 @@ import sys
 from typing import Any, Callable
 
 from .backends.base import RankContext
+from .imports import AfterImport
 
 _REAL: dict[str, Callable[..., Any]] = {}
 _noted: set[str] = set()
@@ -81,8 +81,8 @@ def _after_imports() -> None:
     for name, hook in hooks.items():
         if name in sys.modules:
             hook(sys.modules[name])
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(hooks))
+    if not any(isinstance(f, AfterImport) and f.hooks.keys() == hooks.keys() for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(hooks))
 
 
 def _worker_flags(module: Any) -> None:
@@ -124,32 +124,6 @@ def _deepspeed_on_cpu_ranks(state: Any) -> None:
 
     init.jdist_wrapped = True  # type: ignore[attr-defined]
     cls.__init__ = init
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a hook on a module right after it is first imported (the other finders find it)."""
-
-    def __init__(self, hooks: dict[str, Callable[[Any], None]]):
-        self.hooks = hooks
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        hook = self.hooks.get(fullname)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                exec_module = spec.loader.exec_module
-
-                def run_then_hook(module: Any) -> None:
-                    exec_module(module)
-                    hook(module)
-
-                spec.loader.exec_module = run_then_hook  # this spec's own loader
-                return spec
-        return None
 
 
 def _free_port(addr: str) -> int:

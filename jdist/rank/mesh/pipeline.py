@@ -47,9 +47,6 @@ Example (one process: a pipeline of one stage, two micro-batches, automatic reco
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import time
 from collections import deque
 from functools import partial
@@ -60,6 +57,7 @@ from jdist.protocol import PROTOCOL_VERSION
 from jdist.common.stacks import WAITING_FOR
 
 from ..backends.base import merged_seconds
+from ..imports import after_import
 from .dims import DIMS
 
 if TYPE_CHECKING:
@@ -161,51 +159,16 @@ def install(s: RankSession, timer: Any, kind: str) -> Callable[[], None]:
     """Install the hooks now if ``torch.distributed.pipelining`` is imported, else when it is; returns the
     remover."""
     undo: list[Callable[[], None]] = []
-    finder: _ImportHook | None = None
-
-    def hook() -> None:
-        undo.extend(_patch(s, timer, kind))
-
-    if PACKAGE in sys.modules:
-        hook()
-    else:
-        finder = _ImportHook(PACKAGE, hook)
-        sys.meta_path.insert(0, finder)
+    waiting = after_import(PACKAGE, lambda module: undo.extend(_patch(s, timer, kind)))
 
     def remove() -> None:
-        if finder is not None and finder in sys.meta_path:
-            sys.meta_path.remove(finder)
+        waiting()
         for u in reversed(undo):
             u()
         undo.clear()
         s.pipeline = None
 
     return remove
-
-
-class _ImportHook(importlib.abc.MetaPathFinder):
-    """Runs ``then`` right after the module ``name`` is first executed (the import system's own loader
-    runs it; this finder only wraps its ``exec_module``)."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, then = spec.loader, self.then
-        real_exec = loader.exec_module  # type: ignore[union-attr]
-
-        def exec_module(module: Any) -> None:
-            real_exec(module)
-            then()
-
-        loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
-        return spec
 
 
 def _patch(s: RankSession, timer: Any, kind: str) -> list[Callable[[], None]]:

@@ -40,6 +40,7 @@ import inspect
 import time
 from typing import Any, Callable
 
+from ..imports import after_import
 from .dims import DIMS
 
 #: The functional collectives timed (those the installed torch has).
@@ -65,6 +66,25 @@ def group_position(fn: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return names.index("group") if "group" in names else None
+
+
+#: The module whose import installs the timing (DTensor imports it; jdist does not: 24 ms at a rank's set-up).
+MODULE = "torch.distributed._functional_collectives"
+
+
+def install(timer: Any, kind: str) -> Callable[[], None]:
+    """:func:`time_functional_collectives` now if the module is imported, else right after it is; returns the
+    remover."""
+    undo: list[Callable[[], None]] = []
+    waiting = after_import(MODULE, lambda module: undo.append(time_functional_collectives(timer, kind)))
+
+    def remove() -> None:
+        waiting()
+        for u in undo:
+            u()
+        undo.clear()
+
+    return remove
 
 
 def time_functional_collectives(timer: Any, kind: str) -> Callable[[], None]:
@@ -157,4 +177,4 @@ def time_functional_collectives(timer: Any, kind: str) -> Callable[[], None]:
     return undo
 
 
-__all__ = ["FUNCTIONAL", "group_position", "time_functional_collectives"]
+__all__ = ["FUNCTIONAL", "group_position", "install", "time_functional_collectives"]
