@@ -58,10 +58,9 @@ def has_dtensors(model: Any) -> bool:
     return any(type(p).__name__ == "DTensor" or hasattr(p, "device_mesh") for p in model.parameters())
 
 
-def save_sharded(rank: int, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
-    """Every rank writes its shards into the folder ``path``; rank 0 adds :data:`META_FILE` (collective)."""
-    import torch
-    import torch.distributed.checkpoint as dcp
+def _states(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The state dicts to save or to load into (``get_state_dict``), and what ``torch.distributed.checkpoint``
+    is given: under ``stage<index>`` for a pipeline stage's module."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
@@ -69,7 +68,15 @@ def save_sharded(rank: int, path: Path, model: Any, optimizer: Any, meta: dict[s
     if optimizer is not None:
         state["optim"] = osd
     stage = stage_of(model)
-    dcp.save(state if stage is None else {f"stage{stage}": state}, checkpoint_id=str(path))
+    return state, state if stage is None else {f"stage{stage}": state}
+
+
+def save_sharded(rank: int, path: Path, model: Any, optimizer: Any, meta: dict[str, Any]) -> None:
+    """Every rank writes its shards into the folder ``path``; rank 0 adds :data:`META_FILE` (collective)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_states(model, optimizer)[1], checkpoint_id=str(path))
     if rank == 0:
         torch.save({**meta, "has_optimizer": optimizer is not None}, path / META_FILE)
 
@@ -78,17 +85,13 @@ def load_sharded(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
     """Load what :func:`save_sharded` wrote into ``model`` and ``optimizer``; returns jdist's state."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     meta = torch.load(path / META_FILE, map_location="cpu", weights_only=False)
     if optimizer is not None and not meta.get("has_optimizer"):
         raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
-    msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
-    state: dict[str, Any] = {"model": msd}
-    if optimizer is not None:
-        state["optim"] = osd
-    stage = stage_of(model)
-    dcp.load(state if stage is None else {f"stage{stage}": state}, checkpoint_id=str(path))
+    state, given = _states(model, optimizer)
+    dcp.load(given, checkpoint_id=str(path))  # (in place: into state's tensors)
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
                    optim_state_dict=state.get("optim", {}))
     return meta
