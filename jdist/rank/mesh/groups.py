@@ -71,6 +71,7 @@ class RestoreReport:
     remade: int = 0
     replaced: int = 0
     ddp: int = 0
+    stuck: int = 0  # references jdist could not change (a tuple: often the failed cell's traceback, unused again)
     problems: list[str] = field(default_factory=list)
 
     def kept(self) -> str | None:
@@ -82,6 +83,9 @@ class RestoreReport:
         if not self.remade:
             return None
         more = f"; {self.ddp} DistributedDataParallel on them re-attached" if self.ddp else ""
+        if self.stuck:  # (said as a caveat: in the trials the next cells worked, the holder was not used again)
+            more += (f"; {self.stuck} more in tuples or C++ objects jdist cannot change: an object that then fails "
+                     "with 'Could not resolve the process group' must be built again")
         return (f"the {self.remade} other process group{'s' if self.remade > 1 else ''} (device meshes, new_group) "
                 f"{'were' if self.remade > 1 else 'was'} made again under {'their names' if self.remade > 1 else 'its name'}, "
                 f"and the {self.replaced} reference{'s' if self.replaced != 1 else ''} to the old "
@@ -165,9 +169,7 @@ def restore(kept: Snapshot | None) -> RestoreReport:
     olds = [kept.default] + [g.old for g in kept.groups]
     report.replaced, stuck = swap_references(mapping, olds)
     report.ddp = _reattach_ddp(mapping, new_default)
-    if stuck:
-        report.problems.append(f"{stuck} reference(s) to the old groups are in tuples or other objects jdist cannot "
-                               "change: an object holding one fails at its next collective; build it again")
+    report.stuck = stuck
     return report
 
 
