@@ -1,10 +1,31 @@
-"""jdist.rank.guard without a cluster: which sockets belong to a process group (real sockets on loopback)."""
+"""jdist.rank.guard without a cluster: which sockets belong to a process group (real sockets on loopback), and
+that a watchdog's sample never ends a rank (real processes under the launchers' engine shell)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import textwrap
 
+from jdist.kernel.launch.mpi import engine_shell
 from jdist.rank.guard import Guard, socket_fds
+
+#: A rank's process in brief: sampled (SIGUSR2) before its guard is installed, then the guard, then sampled again
+#: while its interpreter shuts down, after the shutdown has taken the Python-level handlers away (a module's
+#: object whose clean-up signals it: torch's own clean-up takes seconds there).
+SAMPLED_RANK = textwrap.dedent("""
+    import os, signal, sys, time, types
+    os.kill(os.getpid(), signal.SIGUSR2)
+    from jdist.rank.guard import Guard
+    Guard().install(0, sys.argv[1])
+    class SampledInShutdown:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.1)
+    late = types.ModuleType("late"); late.obj = SampledInShutdown(); sys.modules["late"] = late
+    print("ran", flush=True)
+""")
 
 
 def test_a_group_socket_on_the_fd_of_a_socket_closed_meanwhile_is_noted_and_broken():
@@ -41,3 +62,11 @@ def test_sockets_open_before_the_group_are_not_its_own():
         assert other.getsockname()[1] not in guard.group_ports and other.fileno() not in guard.group_fds
     finally:
         other.close()
+
+
+def test_a_sample_before_the_guard_or_during_the_interpreters_shutdown_does_not_end_the_rank(tmp_path):
+    # seen in CI: "rank 2 died: killed by SIGUSR2" 37 s into a cell under load; SIGUSR2's default action ends a process
+    shell = engine_shell(after="exit $code")
+    done = subprocess.run(["/bin/sh", "-c", shell, "rank", sys.executable, "-c", SAMPLED_RANK, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr

@@ -36,6 +36,7 @@ Example (on a rank):
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -97,6 +98,9 @@ class Guard:
             # and a system call it interrupts restarts (SA_RESTART) instead of failing with EINTR: C code that
             # reads a pipe or socket without retrying failed at the watchdog's first sample (measured)
             signal.siginterrupt(SAMPLE_SIGNAL, False)
+            # the interpreter's shutdown sets a signal with a Python handler back to its default action, which would
+            # end a rank sampled while it exits; an ignored one stays ignored
+            atexit.register(signal.signal, SAMPLE_SIGNAL, signal.SIG_IGN)
         if stacks_dir:
             path = Path(stacks_dir) / f"rank-{rank}.txt"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

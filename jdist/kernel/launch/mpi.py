@@ -45,6 +45,10 @@ def engine_argv(preimport: tuple[str, ...] = PREIMPORT) -> list[str]:
 #: Signals the shell passes on to the engine (a background job of a non-interactive shell starts
 #: with SIGINT ignored; the engine installs its own SIGINT handler, so interrupts still work).
 FORWARDED = "TERM HUP INT USR1 USR2"
+#: The engine starts with these ignored: the stack and sample signals (:mod:`jdist.common.stacks`), whose default
+#: action ends a process, are harmless before the rank's guard handles them and after the interpreter's shutdown
+#: has removed its handlers (``jdist.rank.guard``), when a watchdog's sample can still come.
+IGNORED_UNTIL_HANDLED = "USR1 USR2"
 
 
 def engine_shell(after: str, before: str = "", started: str = "") -> str:
@@ -52,8 +56,8 @@ def engine_shell(after: str, before: str = "", started: str = "") -> str:
     the engine starts in the background (``started`` runs then, with ``$child`` its PID) with the
     launcher's signals passed on to it, and once it has ended (not merely been stopped) ``after``
     runs with ``$code`` its exit status (128+N: killed by signal N). mpiexec signals only its
-    direct children (these shells)."""
-    return (before + '"$@" & child=$!; ' + started +
+    direct children (these shells). The engine starts with :data:`IGNORED_UNTIL_HANDLED` ignored."""
+    return (before + f"trap '' {IGNORED_UNTIL_HANDLED}; " + '"$@" & child=$!; ' + started +
             f"for sig in {FORWARDED}; do trap \"kill -$sig $child 2>/dev/null\" $sig; done; "
             "while :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done; " + after)
 
