@@ -1,12 +1,13 @@
-"""Model parallelism on one real MPI cluster of CPU ranks (gloo; 4 ranks, 8 for the 3-D model at the end),
+"""Model parallelism on one real MPI cluster of CPU ranks (gloo, 4 ranks),
 nothing mocked (docs/model-parallel.md): ``--mesh`` as ``mesh`` in the cells (at start, changed live, bad
 values); FSDP + TP on a 2-D ``("dp", "tp")`` mesh (the cell's own ``fully_shard`` and ``parallelize_module``)
 with the communication time of each dimension, its sharding table and checkpoints (``%dist restart`` too);
 real ``torch.distributed.pipelining`` schedules with their records, bubble and timeline, stage checkpoints and
 the stages that wait named; a script with its own mesh against torchrun; the fault promise on meshes: after a
-release the 2-D and 3-D models, the mesh's groups, a ``new_group`` of the cell's and a model ``jdist.prepare``
+release the 2-D model, the mesh's groups, a ``new_group`` of the cell's and a model ``jdist.prepare``
 sharded (``--backend fsdp``) work in the next cell. Unit tests of the parts: tests/test_meshspec.py, the
-docstrings of jdist/rank/mesh/; the panels: tests/test_dashboard.py, tests/test_browser.py.
+docstrings of jdist/rank/mesh/; the panels: tests/test_dashboard.py, tests/test_browser.py; the 3-D model on 8 ranks
+(its dimensions timed, trained after a rank's failure): notebooks/14-model-parallelism.ipynb under nbval.
 """
 
 from __future__ import annotations
@@ -313,54 +314,3 @@ def test_a_script_with_its_own_mesh_gives_torchruns_losses_under_jdist_run_and_r
     for rank in (0, 2):
         assert jdist_run[rank][0] == pytest.approx(torchrun[rank][0], rel=1e-6, abs=1e-7), (rank, run.stdout)
         assert in_cell[rank][0] == pytest.approx(torchrun[rank][0], rel=1e-6, abs=1e-7), (rank, cell.stdout)
-
-
-THREE_D = """
-import torch, torch.nn as nn
-from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-torch.manual_seed(0)
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__(); self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
-block = Block()
-parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-fully_shard(block, mesh=mesh["dp"])
-pp = mesh.get_local_rank("pp")
-stage = PipelineStage(block, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
-schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).pow(2).mean())
-opt = torch.optim.SGD(block.parameters(), lr=0.01)
-g = torch.Generator().manual_seed(mesh.get_local_rank("dp"))
-x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
-def train3d(steps):
-    for _ in range(steps):
-        losses = []
-        if pp == 0:
-            schedule.step(x, target=y, losses=losses)
-        else:
-            schedule.step(target=y, losses=losses)
-        opt.step(); opt.zero_grad()
-    return losses
-"""
-
-
-def test_a_3d_model_trains_with_each_dimension_timed_and_after_a_release(meshed):
-    """pp=2, dp=2, tp=2 on 8 ranks: a pipeline of two stages, each an FSDP + TP block (the stage group is the
-    mesh's pp group). Its records have comm_time_pp_s, comm_time_dp_s and comm_time_tp_s; after a rank
-    raises, the same model trains in the next cell."""
-    out = meshed.run("%%distributed -n 8 --restart --mesh pp=2,dp=2,tp=2\n" + THREE_D + "train3d(3)", timeout=400)
-    assert out.error is None, out.shown
-    records = meshed.value("[(r['rank'], r.get('comm_time_pp_s'), r.get('comm_time_dp_s'), r.get('comm_time_tp_s'), "
-                           "r.get('pp_stage')) for r in jdist.last_run().records]")
-    assert len(records) == 24, records
-    for rank, pp, dp, tp, stage in records:
-        assert pp > 0 and dp > 0 and tp > 0 and stage == rank // 4, records
-    failed = meshed.run("%%distributed\nif rank == 5:\n    raise ValueError('a 3-D rank broke')\ntrain3d(1)",
-                        allow_error=True, timeout=200)
-    assert "ValueError: a 3-D rank broke" in failed.traceback and "variables on the ranks are kept" in failed.traceback, \
-        failed.traceback
-    after = meshed.run("%%distributed --output all\nprint(all(l.item() == l.item() for l in train3d(2)))", timeout=200)
-    assert after.error is None and after.stdout.count("True") == 8, after.shown

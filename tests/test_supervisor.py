@@ -108,6 +108,15 @@ LOSE_RECORDS = (
 )
 
 
+def test_a_runs_duration_is_its_cells_when_the_records_come_late(cluster_kernel):
+    # 0.5 s of work, then 5 quick steps: their records come at the cell's end (the summary said "after 0.0 s")
+    cluster_kernel.run("%%distributed\nimport time\ntime.sleep(0.5)\nfor step in range(5):\n    jdist.log(step=step, x=1.0)")
+    started, ended = cluster_kernel.value("(jdist.last_run().started, jdist.last_run().ended)")
+    assert ended - started >= 0.5
+    head = cluster_kernel.value("jdist.last_run().summary().splitlines()[0]")
+    assert float(head.split(" after ")[1].split(" s,")[0]) >= 0.5, head
+
+
 def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
     # Lose every record in transport: only the end-of-cell count reaches the kernel,
     # and the kernel must fetch all records itself.

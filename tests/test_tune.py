@@ -340,6 +340,34 @@ def test_an_interrupt_stops_the_sweep_keeps_the_trials_and_resume_goes_on(tk, ke
     assert out.stdout.strip() == "4 4.0"
 
 
+INTERRUPT_BETWEEN_ASK_AND_START = """
+import jdist.kernel.tune.driver as _driver
+_send_trial, _sent = _driver.Sweep._send, []
+def _send(self, slot, name):
+    _sent.append(slot)
+    if len(_sent) == 4:  # the fourth trial: the Ctrl-C lands after the study's ask, before the ranks have it
+        def interrupted(*args, **kwargs):
+            del self.cluster.apply_async
+            raise KeyboardInterrupt
+        self.cluster.apply_async = interrupted
+    return _send_trial(self, slot, name)
+_driver.Sweep._send = _send
+"""
+
+
+def test_a_trial_asked_when_the_interrupt_came_is_not_left_running(tk):
+    tk.run(INTERRUPT_BETWEEN_ASK_AND_START)
+    try:
+        out = tk.run("asked = jdist.tune('slow', trials=6, per_trial=1, name='asked')", timeout=60)
+    finally:
+        tk.run("_driver.Sweep._send = _send_trial")
+    assert "Sweep interrupted" in out.stdout, out.stdout + out.traceback
+    states = tk.value("[(t.number, t.state.name, t.user_attrs.get('jdist_interrupted'), t.user_attrs.get('jdist_error')) "
+                      "for t in asked.trials]")
+    assert len(states) == 4 and not [s for s in states if s[1] == "RUNNING"], states  # 3 started, the 4th asked
+    assert states[3] == (3, "FAIL", True, "interrupted (the sweep stopped) before it started"), states
+
+
 def test_an_objective_defined_in_the_notebook_runs_with_the_ranks_globals(tk):
     # the kernel has no `dist`: the function's global names are looked up on the ranks
     tk.run("def kobj(trial):\n    x = trial.suggest_int('x', 0, 3)\n    return x + dist.get_world_size() * 10")

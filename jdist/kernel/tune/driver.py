@@ -121,6 +121,7 @@ class Sweep:
         self.queued: dict[int, TrialRun] = {}  # slot -> the trial sent to start when that one ends
         self.ending: list[TrialRun] = []  # ended on the ranks, told once their last messages are in
         self.timeline: list[tuple[int, int, float, float, str]] = []  # slot, trial, start, end, state
+        self.asked: list[Any] = []  # every trial this sweep asked of the study (:meth:`_fail_unfinished`)
         self.errors: dict[int, str] = {}  # trial number -> the root cause, one line
         self.wake = threading.Event()
         self.interrupted = False
@@ -176,6 +177,7 @@ class Sweep:
         t2 = time.perf_counter()
         notes: list[str] = []
         steps: list[Callable[[], Any]] = [
+            lambda: self._fail_unfinished(optuna),
             lambda: notes.extend(self._give_back(optuna)),
             lambda: self.phases.update(trials_s=t2 - t0, world_s=time.perf_counter() - t2),
             lambda: self.view.update(final=True),
@@ -187,6 +189,17 @@ class Sweep:
             except KeyboardInterrupt:
                 pass
         self.phases["after_s"] = time.perf_counter() - t2 - self.phases.get("world_s", 0.0)
+
+    def _fail_unfinished(self, optuna: Any) -> None:
+        """Every trial this sweep asked and did not finish is FAIL, interrupted: a Ctrl-C that landed between the
+        study's ask and the trial's start left it RUNNING (seen once in two interrupted sweeps)."""
+        running = {t.number for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+        for trial in self.asked:
+            if trial.number in running:
+                self.errors[trial.number] = "interrupted (the sweep stopped) before it started"
+                trial.set_user_attr("jdist_error", self.errors[trial.number])
+                trial.set_user_attr("jdist_interrupted", True)
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def _check_entered(self) -> None:
         """Once every rank answered ``tune_enter``: if one could not form its slot, nothing more is sent
@@ -369,6 +382,7 @@ class Sweep:
         self.cluster.engine_ids(ranks)  # ClusterError if one died: before a trial is asked that none would run
         space = self.space.calculate(self.study)  # the parameters every finished trial had, same distribution
         trial = self.study.ask(fixed_distributions=space) if space else self.study.ask()
+        self.asked.append(trial)
         given = {n: (*as_request(d), trial.params[n]) for n, d in space.items()}
         trial.set_user_attr("jdist_slot", slot)
         trial.set_user_attr("jdist_ranks", ranks)

@@ -79,6 +79,8 @@ class RestoreReport:
 
         >>> RestoreReport(remade=2, replaced=5).kept()
         'the 2 other process groups (device meshes, new_group) were made again under their names, and the 5 references to the old ones hold the new ones'
+        >>> RestoreReport(remade=2).kept()
+        'the 2 other process groups (device meshes, new_group) were made again under their names'
         """
         if not self.remade:
             return None
@@ -86,10 +88,15 @@ class RestoreReport:
         if self.stuck:  # (said as a caveat: in the trials the next cells worked, the holder was not used again)
             more += (f"; {self.stuck} more in tuples or C++ objects jdist cannot change: an object that then fails "
                      "with 'Could not resolve the process group' must be built again")
-        return (f"the {self.remade} other process group{'s' if self.remade > 1 else ''} (device meshes, new_group) "
-                f"{'were' if self.remade > 1 else 'was'} made again under {'their names' if self.remade > 1 else 'its name'}, "
-                f"and the {self.replaced} reference{'s' if self.replaced != 1 else ''} to the old "
-                f"{'ones' if self.remade > 1 else 'one'} hold the new {'ones' if self.remade > 1 else 'one'}{more}")
+        several = self.remade > 1
+        refs = ""
+        if self.replaced:
+            refs = (f", and the {self.replaced} reference{'s' if self.replaced != 1 else ''} to the old "
+                    f"{'ones' if several else 'one'} {'hold' if self.replaced != 1 else 'holds'} the new "
+                    f"{'ones' if several else 'one'}")
+        return (f"the {self.remade} other process group{'s' if several else ''} (device meshes, new_group) "
+                f"{'were' if several else 'was'} made again under {'their names' if several else 'its name'}"
+                f"{refs}{more}")
 
     def lost(self) -> str | None:
         """What could not be kept (one clause each), or None."""
