@@ -34,8 +34,13 @@ def kernel_env(kernel_env: dict[str, str], tmp_path_factory: pytest.TempPathFact
     return {**kernel_env, "TMPDIR": str(tmp_path_factory.mktemp("tf-tmp"))}
 
 
-def autograph_files(env: dict[str, str]) -> set[Path]:
-    return set(Path(env["TMPDIR"]).glob("__autograph_generated_file*.py"))
+def autograph_files(folder: str | Path) -> set[Path]:
+    return set(Path(folder).glob("__autograph_generated_file*.py"))
+
+
+def work_dir(kernel: KernelSession) -> Path:
+    """The cluster's own folder, where its ranks' TensorFlow writes its autograph files."""
+    return Path(kernel.value("str(jdist.kernel.cluster.current().work_dir)"))
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +159,8 @@ def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_
                  f"np.save({str(tmp_path / 'weights')!r}, np.concatenate([w.numpy().ravel() for w in ck_model.weights]))")
     assert sorted(p.name for p in ckdir.iterdir()) == ["step-00000008", "step-00000016"]  # no rank's copy left
     assert sorted(p.name for p in (ckdir / "step-00000016").iterdir()) == ["jdist.pkl", "tf.data-00000-of-00001", "tf.index"]
-    old_ranks_files = autograph_files(kernel_env)
-    assert old_ranks_files  # model.fit converted functions
+    old_ranks_files = autograph_files(work_dir(tf_ranks))
+    assert old_ranks_files  # model.fit converted functions, in the cluster's folder
     out = tf_ranks.run("%%distributed\n"
                        "if rank == 0:  # rank 1 never joins: TF's timeout (--timeout) ends the wait\n"
                        "    strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)",
@@ -166,7 +171,8 @@ def test_a_timed_out_collective_restarts_the_ranks_which_restore_the_checkpoint_
             "timed out" in shown), shown  # "waiting for other workers" or "during execution", by where it waited
     assert "Restarted 2 rank(s)" in shown and "replayed 1 set-up cell(s)" in shown, shown
     assert "step-00000016 (step 16) into ck_model, ck_opt" in shown, shown
-    assert not old_ranks_files & autograph_files(kernel_env)
+    assert not any(path.exists() for path in old_ranks_files)
+    assert not autograph_files(kernel_env["TMPDIR"])
     out = tf_ranks.run("%%distributed --output all\n"
                        "w = np.concatenate([w.numpy().ravel() for w in ck_model.weights])\n"
                        f"same = bool((w == np.load({str(tmp_path / 'weights.npy')!r})).all())\n"
@@ -196,10 +202,14 @@ def test_an_interrupt_while_a_rank_waits_in_a_collective_restarts_the_ranks(tf_r
     assert out.stdout.count("sum 2.0") == 2, out.stdout + out.shown
 
 
-def test_an_error_while_the_other_rank_waits_in_a_compiled_collective_is_reported_and_the_ranks_restart(tf_ranks):
+def test_an_error_while_the_other_rank_waits_in_a_compiled_collective_is_reported_and_the_ranks_restart(
+        tf_ranks, kernel_env):
     """Rank 1 raises while rank 0 waits in a tf.function's collective, which no signal releases: the error is
     rank 1's (it was lost when rank 0 did not stop), rank 0 is named with where it is, and the ranks restart in
-    the same cell (TF cannot release the collective); the failed cell is no set-up cell for the restart."""
+    the same cell (TF cannot release the collective); the failed cell is no set-up cell for the restart. Rank 0's
+    process is killed, so no clean-up of its own runs: the function's autograph file goes with the cluster's folder
+    (it stayed in the temporary folder)."""
+    folder = work_dir(tf_ranks)
     out = tf_ranks.run("%%distributed --interrupt-grace 1\n"
                        "@tf.function\n"
                        "def total():\n"
@@ -216,6 +226,7 @@ def test_an_error_while_the_other_rank_waits_in_a_compiled_collective_is_reporte
     # the failed cell is not replayed as a set-up cell (it would fail again, and block rank 0 again)
     assert re.search(r"Restarted 2 rank\(s\) in [\d.]+ s; replayed \d+ set-up cell\(s\); restored", shown), shown
     assert "Run %dist restart" not in shown, shown
+    assert not folder.exists() and not autograph_files(kernel_env["TMPDIR"])
     out = tf_ranks.run("%%distributed --output all --interrupt-grace 10\n"
                        "print('sum', float(strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)))")
     assert out.stdout.count("sum 2.0") == 2, out.stdout + out.shown

@@ -135,17 +135,44 @@ class KeptAtexit:
         return getattr(self._real, name)
 
 
-def keep_autograph_files(kept: list[Any]) -> None:
+class TempfileIn:
+    """``tempfile`` as one module sees it: its named temporary files are made in ``folder``.
+
+    >>> import tempfile, os
+    >>> folder = tempfile.mkdtemp(); shim = TempfileIn(tempfile, folder)
+    >>> with shim.NamedTemporaryFile(delete=False) as f:
+    ...     os.path.dirname(f.name) == folder
+    True
+    >>> shim.gettempdir() == tempfile.gettempdir()
+    True
+    """
+
+    def __init__(self, real: Any, folder: str):
+        self._real, self._folder = real, folder
+
+    def NamedTemporaryFile(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - tempfile's name
+        kwargs.setdefault("dir", self._folder)
+        return self._real.NamedTemporaryFile(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def keep_autograph_files(kept: list[Any], folder: str | None = None) -> None:
     """TensorFlow's autograph writes every function it converts to a temporary file and removes the
     file at interpreter exit (``atexit``). Ranks end without that exit (``exit_process``, by design:
     it takes a second), which left those files in the temporary folder: their removals go to ``kept``
-    too, and :meth:`TFBackend.teardown` runs them."""
+    too, and :meth:`TFBackend.teardown` runs them. A rank that is killed (a restart after a compiled
+    collective failed, a death) runs no teardown: with ``folder`` (the cluster's own, on the kernel's host,
+    removed when the cluster stops, whatever ended its ranks) the files are made there instead."""
     try:
         from tensorflow.python.autograph.pyct import loader
     except ImportError:  # moved in another TensorFlow: its files stay, as they would without jdist's exit
         return
     if isinstance(getattr(loader, "atexit", None), types.ModuleType):
         loader.atexit = KeptAtexit(loader.atexit, kept)
+    if folder and isinstance(getattr(loader, "tempfile", None), types.ModuleType):
+        loader.tempfile = TempfileIn(loader.tempfile, folder)
 
 
 class TFBackend(Backend):
@@ -172,7 +199,7 @@ class TFBackend(Backend):
 
         if tf.get_logger().level in (0, 20):  # not set, or INFO: one INFO line per collective it builds, in every cell
             tf.get_logger().setLevel("WARNING")
-        keep_autograph_files(self.at_exit)
+        keep_autograph_files(self.at_exit, ctx.work_dir)
         threads = ctx.options.get("threads") or max(1, (os.cpu_count() or 1) // ctx.local_world_size)
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
