@@ -145,6 +145,7 @@ class TempfileIn:
     True
     >>> shim.gettempdir() == tempfile.gettempdir()
     True
+    >>> os.remove(f.name); os.rmdir(folder)
     """
 
     def __init__(self, real: Any, folder: str):
