@@ -1,7 +1,11 @@
 """Process identity and liveness on this machine, one definition for every part of jdist.
 
 A PID alone can be reused by another process: a process is identified by its PID and its start
-time (:func:`identity`), and :func:`alive` checks both. Used by the kernel (its own processes),
+time (:func:`identity`), and :func:`alive` checks both. The start time is counted from the machine's boot
+(Linux: ``/proc/<pid>/stat``), not from the epoch: psutil's ``create_time`` adds the boot time as the wall
+clock gives it now, which moves when the clock is set (a VM's clock corrected after a pause), and then
+every check failed at once: the controllers of CI's clusters took their kernels for gone and ended
+(their ranks ended 35 s later, missing its heartbeat). Used by the kernel (its own processes),
 the ranks (is the kernel that owns them still there?) and the server (are a cluster's kernel
 and controller still there?). Nothing here signals a process. :func:`mpi_shm_segments` finds
 what an MPI job leaves in ``/dev/shm`` if its ranks end without ``MPI_Finalize``.
@@ -23,15 +27,34 @@ from typing import Any, Sequence
 
 from jdist.protocol import ProcessIdentity
 
-#: How far two readings of one process's start time may differ (psutil rounds to the clock tick).
+#: How far two readings of one process's start time may differ (they are in clock ticks).
 START_TIME_TOLERANCE_S = 0.05
 
 
-def identity(pid: int) -> ProcessIdentity:
-    """``{"pid", "create_time"}`` of a running process (psutil.NoSuchProcess if there is none)."""
+def started(pid: int) -> float:
+    """When process ``pid`` started, in seconds after the machine booted (psutil.NoSuchProcess if there is no
+    such process). Where there is no ``/proc`` (not Linux), psutil's start time since the epoch.
+
+    >>> 0 < started(os.getpid()) <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    True
+    """
     import psutil
 
-    return ProcessIdentity(pid=pid, create_time=psutil.Process(pid).create_time())
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except OSError:
+        return psutil.Process(pid).create_time()
+    # after the command name (in parentheses, which may hold spaces): field 3 (state) ... field 22 (starttime)
+    return int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def identity(pid: int) -> ProcessIdentity:
+    """``{"pid", "create_time"}`` of a running process (psutil.NoSuchProcess if there is none); ``create_time``
+    is :func:`started`'s."""
+    return ProcessIdentity(pid=pid, create_time=started(pid))
 
 
 def alive(ident: ProcessIdentity | dict[str, Any] | None) -> bool:
@@ -46,7 +69,7 @@ def alive(ident: ProcessIdentity | dict[str, Any] | None) -> bool:
     try:
         proc = psutil.Process(ident["pid"])
         created = ident.get("create_time")
-        if created is not None and abs(proc.create_time() - float(created)) > START_TIME_TOLERANCE_S:
+        if created is not None and abs(started(proc.pid) - float(created)) > START_TIME_TOLERANCE_S:
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied):

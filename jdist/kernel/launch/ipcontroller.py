@@ -62,10 +62,10 @@ def split_engines(argv: list[str]) -> tuple[int, str | None, list[str]]:
 
 def write_owner(path: Path, pid: int) -> None:
     """Note process ``pid`` (of this host) as the cluster's owner in ``path``, whole (by rename)."""
-    import psutil
+    from jdist.common.procs import started
 
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{pid} {psutil.Process(pid).create_time()}\n")
+    tmp.write_text(f"{pid} {started(pid)}\n")
     os.replace(tmp, path)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jdist.common.last_words import POS_SUFFIX, STDERR_ENV, unshown
-from jdist.common.procs import alive, mpi_shm_segments, orphaned_mpi_shm, pid_alive
+from jdist.common.procs import alive, identity, mpi_shm_segments, orphaned_mpi_shm, pid_alive
 from jdist.common.stacks import (CRASH_FILE, SAMPLE_SIGNAL, STACKS_SIGNAL, Frame, Sample, parse_faulthandler,
                                  parse_sample)
 from jdist.common.waiting import poll_until
@@ -170,7 +170,7 @@ class LocalMPILauncher(RankLauncher):
             for child in children:
                 if child.pid not in self._job:
                     try:
-                        self._job[child.pid] = ProcessIdentity(pid=child.pid, create_time=child.create_time())
+                        self._job[child.pid] = identity(child.pid)
                     except psutil.Error:
                         pass
 
