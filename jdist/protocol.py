@@ -308,7 +308,7 @@ class RankCall:
 
 class ProcessIdentity(TypedDict):
     pid: int
-    create_time: float
+    create_time: float  # the process's start, seconds after the machine booted (jdist.common.procs.started)
 
 
 class KernelIdentity(TypedDict):
