@@ -241,6 +241,27 @@ def test_stop_while_a_rank_and_its_nanny_were_killed_mid_cell_is_bounded(monkeyp
 
 
 @pytest.mark.cluster
+def test_a_rank_that_died_after_its_controller_names_the_controller_as_the_cause():
+    """Its controller gone (in CI: it took its living kernel for gone when the wall clock was set), an engine
+    leaves after missing the heartbeat for ~35 s: its death is said with the controller's end as its cause,
+    not as the rank's own exit. (Rank 1 is killed here rather than waited for.)"""
+    c = ClusterSession(ClusterConfig(n=2, timeout=30))
+    c.start()
+    try:
+        controller = psutil.Process(c.controller_pid())
+        for proc in [*controller.children(recursive=True), controller]:
+            proc.kill()
+        psutil.Process(c.ranks[1]["pid"]).kill()
+        wait_for(lambda: c.dead_ranks(), what="rank 1's death seen")
+        death = c.death_report(c.dead_ranks())
+        assert death.cause.startswith(f"its controller (ipyparallel's, PID {controller.pid}) had ended, and an engine "
+                                      "leaves once the controller's heartbeat has been gone for about 35 s (the rank: "
+                                      "killed by SIGKILL"), death.cause
+    finally:
+        c.stop()
+
+
+@pytest.mark.cluster
 def test_a_killed_job_leaves_no_shared_memory_segment():
     # MPICH removes its /dev/shm segment in MPI_Finalize; a killed rank cannot. A later job whose
     # segment got the same name hung in MPI_Init (seen here, with 267 stale segments in /dev/shm).

@@ -653,9 +653,21 @@ class ClusterSession:
         return self.launcher.deaths() if self.launcher is not None else []
 
     def death_report(self, dead: Sequence[int]) -> RankDeath:
-        """Which rank died first and why (it takes the others down: MPI ends the whole job)."""
+        """Which rank died first and why (it takes the others down: MPI ends the whole job). An engine whose
+        controller is gone ends by itself once it has missed the controller's heartbeat for about 35 s
+        (ipyparallel's 50 checks, each 0.7 s here): then the controller's end is the cause."""
+        import dataclasses
+
+        from jdist.common.procs import pid_alive
+
         assert self.launcher is not None
-        return self.launcher.death(dead)
+        death = self.launcher.death(dead)
+        pid = self.controller_pid()
+        if pid is not None and not pid_alive(pid):
+            death = dataclasses.replace(death, cause=(
+                f"its controller (ipyparallel's, PID {pid}) had ended, and an engine leaves once the controller's "
+                f"heartbeat has been gone for about 35 s (the rank: {death.cause})"))
+        return death
 
     def state(self) -> ClusterState:
         """What the state file says of this started cluster, for the Jupyter server (:mod:`jdist.kernel.statefile`)."""
