@@ -5,7 +5,7 @@ time (:func:`identity`), and :func:`alive` checks both. The start time is counte
 (Linux: ``/proc/<pid>/stat``), not from the epoch: psutil's ``create_time`` adds the boot time as the wall
 clock gives it now, which moves when the clock is set (a VM's clock corrected after a pause), and then
 every check failed at once: the controllers of CI's clusters took their kernels for gone and ended
-(their ranks ended 35 s later, missing its heartbeat). Used by the kernel (its own processes),
+(their ranks ended 37 s later, missing its heartbeat). Used by the kernel (its own processes),
 the ranks (is the kernel that owns them still there?) and the server (are a cluster's kernel
 and controller still there?). Nothing here signals a process. :func:`mpi_shm_segments` finds
 what an MPI job leaves in ``/dev/shm`` if its ranks end without ``MPI_Finalize``.
