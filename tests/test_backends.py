@@ -118,3 +118,15 @@ def test_a_library_that_keeps_process_groups_drops_them_when_jdist_destroys_the_
     err = capfd.readouterr().err
     assert "jdist: broken's own process groups could not be dropped" in err and "no such group" in err, err
     assert "absent" not in err
+
+
+@pytest.mark.parametrize("backend,options,fix", [
+    (FSDPBackend, {"compression": "fp16"}, "FSDP reduces gradients in reduce_dtype: jdist.prepare(model, reduce_dtype="),
+    (DDPBackend, {"compression": "int8"}, "--backend ddp compresses gradients with 'fp16', 'bf16' or 'powersgd'"),
+    (DDPBackend, {"powersgd_rank": 2}, "PowerSGD's options; add compression='powersgd'"),
+    (DDPBackend, {"compression": "powersgd", "powersgd_start_iter": 1}, "the first compressed step >= 2"),
+])
+def test_gradient_compression_that_a_backend_cannot_do_is_one_line_with_the_fix(backend, options, fix):
+    with pytest.raises(ValueError, match="^.*$") as err:  # before the model is wrapped: no cluster needed
+        backend().prepare_model(nn.Linear(2, 1), **options)
+    assert fix in str(err.value) and "\n" not in str(err.value)

@@ -117,6 +117,43 @@ def test_a_runs_duration_is_its_cells_when_the_records_come_late(cluster_kernel)
     assert float(head.split(" after ")[1].split(" s,")[0]) >= 0.5, head
 
 
+COMPRESSED = """
+def train_with(**compression):
+    torch.manual_seed(0)
+    m = jdist.prepare(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)), **compression)
+    o = torch.optim.SGD(m.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)   # each rank its own batches
+    losses = []
+    for step in range(40):
+        x = torch.randn(16, 32, generator=g); y = x[:, :8].sum(1, keepdim=True) / 4
+        loss = ((m(x) - y) ** 2).mean()
+        o.zero_grad(); loss.backward(); o.step()
+        losses.append(loss.item())
+    return losses, float(sum(p.detach().double().sum() for p in m.parameters()))
+trained = {c: train_with(**({} if c == "none" else {"compression": c}),
+                         **({"powersgd_start_iter": 5} if c == "powersgd" else {}))
+           for c in ("none", "fp16", "bf16", "powersgd")}
+"""
+
+
+def test_ddp_gradient_compression_trains_like_uncompressed_and_is_timed(cluster_kernel):
+    # torch's own hooks (fp16/bf16 casts, PowerSGD rank 1 from step 5) inside jdist's timing hook, on gloo
+    out = cluster_kernel.run("%%distributed\n" + COMPRESSED, timeout=120)
+    assert out.error is None, out.shown
+    timed = cluster_kernel.value("[int((jdist.last_run().history.query('rank == 0').comm_time_s"
+                                 ".iloc[40 * i:40 * (i + 1)] > 0).sum()) for i in range(4)]")  # each model's 40 steps
+    assert all(timed), timed  # (on CPU ranks the reducer's statistics time sampled steps: jdist/rank/auto_metrics.py)
+    cluster_kernel.run("%dist pull trained")
+    trained = cluster_kernel.value("trained")
+    for ranks in zip(*[t.items() for t in trained]):  # the replicas stay identical under every compression
+        assert len({params for _, (_, params) in ranks}) == 1, ranks
+    plain = trained[0]["none"][0]
+    for c, tolerance in (("fp16", 0.01), ("bf16", 0.05), ("powersgd", 0.2)):
+        losses = trained[0][c][0]
+        assert losses[-1] < losses[0] / 4, (c, losses)  # it trains
+        assert abs(losses[-1] - plain[-1]) <= tolerance * plain[-1] + 1e-3, (c, losses[-1], plain[-1])
+
+
 def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):
     # Lose every record in transport: only the end-of-cell count reaches the kernel,
     # and the kernel must fetch all records itself.

@@ -43,9 +43,10 @@ def prepare(*objs: Any, batch_size: int | None = None, grad_accum: int | None = 
     and a ``DataLoader`` comes back as a :class:`jdist.rank.data.ResumableLoader` whose batch
     size is used for samples/s. ``grad_accum=K``: one optimizer step per K micro-batches
     (gradient sync only on the K-th). Other ``options`` go to the backend's model wrapper
-    (DDP: e.g. ``find_unused_parameters``; FSDP: ``shard``, ``reshard_after_forward``,
-    ``param_dtype``, ``reduce_dtype``, ``cpu_offload``) or, for Horovod, its optimizer
-    (``compression="fp16"``).
+    (DDP: e.g. ``find_unused_parameters``, and gradient compression: ``compression="fp16"``,
+    ``"bf16"`` or ``"powersgd"`` with ``powersgd_rank``, ``powersgd_start_iter``; FSDP: ``shard``,
+    ``reshard_after_forward``, ``param_dtype``, ``reduce_dtype``, ``cpu_offload``) or, for Horovod, its
+    optimizer (``compression="fp16"``).
 
     >>> model = jdist.prepare(nn.Linear(8, 1))                          # doctest: +SKIP
     >>> model, opt, loader = jdist.prepare(model, opt, loader, grad_accum=4)  # doctest: +SKIP

@@ -89,6 +89,10 @@ class FSDPBackend(TorchBackend):
     def prepare_model(self, model: Any, **options: Any) -> Any:
         from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+        if "compression" in options:
+            raise ValueError(f"compression={options['compression']!r} compresses DDP's and Horovod's gradient "
+                             "all-reduces; FSDP reduces gradients in reduce_dtype: jdist.prepare(model, "
+                             "reduce_dtype=torch.bfloat16), or --backend ddp with compression.")
         ctx = self.require_ctx()
         if isinstance(model, FSDPModule):
             return model
