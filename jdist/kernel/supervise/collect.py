@@ -3,7 +3,8 @@ checkpoint messages to a callback (the cluster's recovery log), and at the end a
 record was lost (the missing ones are fetched again from the ranks).
 
 The run is created with the first record or progress message (a cell that logs nothing has no
-run), started when the cell started (a short cell's records all come at its end); each record sink (:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
+run), started when the cell started (a short cell's records all come at its end); each record sink
+(:mod:`jdist.kernel.sinks`) then gets the new records as they arrive.
 """
 
 from __future__ import annotations
