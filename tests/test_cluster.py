@@ -125,22 +125,28 @@ def test_status_shows_a_running_rank_busy(cluster):
     assert [r["state"] for r in cluster.status()["ranks"]] == ["idle", "idle"]
 
 
-def test_stacks_are_samples_and_faulthandler_only_for_a_rank_that_holds_the_gil(cluster):
+def test_stacks_are_samples_and_faulthandler_only_for_a_rank_that_holds_the_gil(cluster, tmp_path):
     """Rank 0 runs Python: its stack is its sample, read under the GIL. Rank 1 holds the GIL in C (a builtin
-    summing a range) so its guard's thread cannot sample it: faulthandler dumps it (SIGUSR1), which reads the
-    frames without the GIL and so is never asked of a rank whose threads may be running Python (it crashed
-    ranks: docs/reliability.md)."""
-    code = ("import time\nprint('running', flush=True)\n"
+    summing a range: the busier the machine, the longer) so its guard's thread cannot sample it: faulthandler
+    dumps it (SIGUSR1), which reads the frames without the GIL and so is never asked of a rank whose threads may
+    be running Python (it crashed ranks: docs/reliability.md). Rank 0 runs until the stacks are taken: under the
+    suite's load the cell's first output once reached the kernel after a fixed 4 s loop had ended."""
+    done = tmp_path / "stacks-taken"
+    code = ("import os, time\nprint('running', flush=True)\n"
             "def in_c():\n    sum(range(3 * 10**8))\n"
-            "def in_python():\n    t = time.time()\n    while time.time() - t < 4:\n        sum(range(1000))\n"
+            f"def in_python():\n    t = time.time()\n    while not os.path.exists({str(done)!r}) and time.time() - t < 60:\n"
+            "        sum(range(1000))\n"
             "in_c() if rank == 1 else in_python()")
     for rank in (0, 1):
         (cluster.work_dir / f"rank-{rank}.txt").write_text("")  # faulthandler's file (the rank appends to it)
     ar = cluster.execute(code)
-    wait_for(lambda: all("running" in out for out in ar.stdout), what="the cell running on both ranks")
-    stacks = cluster.stacks([0, 1])
-    assert [func for _, _, func in stacks[0][:2]] == ["in_python", "<module>"], stacks
-    assert [func for _, _, func in stacks[1][:2]] == ["in_c", "<module>"], stacks
+    try:
+        wait_for(lambda: all("running" in out for out in ar.stdout), what="the cell running on both ranks")
+        stacks = cluster.stacks([0, 1])
+    finally:
+        done.touch()
+    cells = {r: [func for path, _, func in frames if "/ipykernel_" in path] for r, frames in stacks.items()}
+    assert cells[0][:2] == ["in_python", "<module>"] and cells[1][:2] == ["in_c", "<module>"], (cells, stacks[1])
     assert not (cluster.work_dir / "rank-0.txt").read_text() and (cluster.work_dir / "rank-1.txt").read_text()
     ar.wait(120)
 
