@@ -112,6 +112,7 @@ bench: venv horovod deepspeed tf chromium
 	$(BIN)/python benchmarks/bench_faults.py --repeats 2
 	$(BIN)/python benchmarks/bench_cli.py --repeats 5
 	$(BIN)/python benchmarks/bench_model_parallel.py --repeats 5
+	$(BIN)/python benchmarks/bench_compression.py --repeats 3
 	$(BIN)/python benchmarks/bench_tune.py --repeats 3
 	$(BIN)/python benchmarks/bench_debug.py
 	$(BIN)/python benchmarks/bench_scale.py

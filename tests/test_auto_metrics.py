@@ -200,8 +200,10 @@ def by_rank_step(records: list[dict]) -> dict[tuple[int, int], dict]:
     return {(r["rank"], r["step"]): r for r in records}
 
 
-def assert_step_records(records: list[dict], losses: dict[tuple[int, int], float], comm: bool = True) -> None:
-    """One record per optimizer step per rank, its loss the script's, with step/comm time and memory."""
+def assert_step_records(records: list[dict], losses: dict[tuple[int, int], float], comm: bool = True,
+                        sent: int | None = None) -> None:
+    """One record per optimizer step per rank, its loss the script's, with step/comm time and memory; ``sent``:
+    the bytes every step's collectives carried (``comm_bytes``; 0: the same on every step and rank, not 0)."""
     assert losses, "the script printed no losses"
     got = by_rank_step(records)
     assert sorted(got) == sorted(losses) and len(records) == len(losses), (sorted(got), sorted(losses))
@@ -211,6 +213,9 @@ def assert_step_records(records: list[dict], losses: dict[tuple[int, int], float
         assert rec["step_time_s"] > 0 and rec["mem_bytes"] > 0 and rec["mem_peak_bytes"] > 0, rec
     if comm:
         assert all(r["comm_time_s"] > 0 for r in records if r["step"] > 0), [r["comm_time_s"] for r in records]
+    if sent is not None:
+        counts = {r["comm_bytes"] for r in records}
+        assert counts == {sent} if sent else len(counts) == 1 and counts != {0}, counts
 
 
 # -- in this process ------------------------------------------------------------------------------------
@@ -477,11 +482,12 @@ def test_run_of_examples_and_nanogpt_style_scripts_in_a_cell_shows_the_dashboard
     out = kernel.run(f"%%distributed {CLUSTER} --output all\n%run {scripts / 'examples.py'} --steps 5")
     assert [d for d in out.displays if "image/svg+xml" in d.get("data", {})], out.displays  # the dashboard's summary
     assert [d for d in out.displays if "application/vnd.jupyter.widget-view+json" in d.get("data", {})]
-    assert_step_records(records_of_last_run(kernel), printed(out.stdout))
+    # comm_bytes: one synced backward a step (the others under no_sync), 577 float32 gradients
+    assert_step_records(records_of_last_run(kernel), printed(out.stdout), sent=577 * 4)
     out = kernel.run(f"%%distributed --output all\n%run {scripts / 'nanogpt.py'}")  # (jdist run's, above)
     assert_step_records(records_of_last_run(kernel), printed(out.stdout))
     out = kernel.run(f"%%distributed --output all\n%run {scripts / 'fsdp2.py'}")
-    assert_step_records(records_of_last_run(kernel), printed(out.stdout))  # all-gathers, reduce-scatters
+    assert_step_records(records_of_last_run(kernel), printed(out.stdout), sent=0)  # all-gathers, reduce-scatters
 
 
 @pytest.mark.cluster

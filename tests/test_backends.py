@@ -130,3 +130,23 @@ def test_gradient_compression_that_a_backend_cannot_do_is_one_line_with_the_fix(
     with pytest.raises(ValueError, match="^.*$") as err:  # before the model is wrapped: no cluster needed
         backend().prepare_model(nn.Linear(2, 1), **options)
     assert fix in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_powersgd_checkpoint_of_another_world_size_keeps_the_shared_state_and_says_so(capsys):
+    # (the same world size, resumed to the bit: tests/test_supervisor.py; here a plain model, no process group)
+    import types
+
+    from jdist.rank.backends.ddp import compression_hook, counted, restore_powersgd
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    hook = compression_hook("powersgd", {"powersgd_start_iter": 2})
+    wrapped = counted(hook, CommTimer(), list(model.parameters()))
+    piece = {"error": torch.ones(128), "p": torch.ones(16), "q": torch.ones(8)}
+    saved = [[{"iter": 7, "per_param": {0: piece}}]] * 2  # saved by 2 ranks
+    ctx = types.SimpleNamespace(rank=0, world_size=3, device=torch.device("cpu"))
+    restore_powersgd([(wrapped, hook[0])], saved, ctx, "ckpt")
+    assert hook[0].iter == 7 and sorted(wrapped.pending[0]) == ["p", "q"]  # no error feedback of another world
+    assert "saved by 2 ranks, this cluster has 3: PowerSGD goes on from the saved step and P/Q, its error feedback" \
+        in capsys.readouterr().out
+    restore_powersgd([(wrapped, hook[0])], None, ctx, "ckpt")
+    assert "ckpt holds 0 PowerSGD state(s), the model has 1: PowerSGD starts over" in capsys.readouterr().out

@@ -121,6 +121,7 @@ COMPRESSED = """
 def train_with(**compression):
     torch.manual_seed(0)
     m = jdist.prepare(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)), **compression)
+    hooks.append([hook.__name__ for hook, _ in m._comm_hooks])
     o = torch.optim.SGD(m.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)   # each rank its own batches
     losses = []
@@ -130,6 +131,7 @@ def train_with(**compression):
         o.zero_grad(); loss.backward(); o.step()
         losses.append(loss.item())
     return losses, float(sum(p.detach().double().sum() for p in m.parameters()))
+hooks = []
 trained = {c: train_with(**({} if c == "none" else {"compression": c}),
                          **({"powersgd_start_iter": 5} if c == "powersgd" else {}))
            for c in ("none", "fp16", "bf16", "powersgd")}
@@ -137,14 +139,24 @@ trained = {c: train_with(**({} if c == "none" else {"compression": c}),
 
 
 def test_ddp_gradient_compression_trains_like_uncompressed_and_is_timed(cluster_kernel):
-    # torch's own hooks (fp16/bf16 casts, PowerSGD rank 1 from step 5) inside jdist's timing hook, on gloo
+    # torch's own hooks (fp16/bf16 casts, PowerSGD rank 1 from step 5) on gloo, timed by DDP's reducer (no Python
+    # timing hook of jdist's: tests/test_auto_metrics.py)
     out = cluster_kernel.run("%%distributed\n" + COMPRESSED, timeout=120)
     assert out.error is None, out.shown
     timed = cluster_kernel.value("[int((jdist.last_run().history.query('rank == 0').comm_time_s"
                                  ".iloc[40 * i:40 * (i + 1)] > 0).sum()) for i in range(4)]")  # each model's 40 steps
     assert all(timed), timed  # (on CPU ranks the reducer's statistics time sampled steps: jdist/rank/auto_metrics.py)
+    sent = cluster_kernel.value("[jdist.last_run().history.query('rank == 1').comm_bytes.iloc[40 * i:40 * (i + 1)]"
+                                ".astype(int).tolist() for i in range(4)]")
+    # the bytes the all-reduces carried, every step: 2177 float32 gradients (8708 B); half of it in fp16 and bf16;
+    # PowerSGD rank 1 after its 5 plain steps: P and Q of the 64x32 weight (64 + 32) and the 129 values it leaves
+    # uncompressed (biases, the 1x64 weight), 225 floats
+    assert sent == [[8708] * 40, [4354] * 40, [4354] * 40, [8708] * 5 + [900] * 35], sent
     cluster_kernel.run("%dist pull trained")
     trained = cluster_kernel.value("trained")
+    cluster_kernel.run("%dist pull hooks")
+    assert cluster_kernel.value("hooks") == [[[], ["jdist_fp16_compress_hook"], ["jdist_bf16_compress_hook"],
+                                              ["jdist_powerSGD_hook"]]] * 2  # (no Python timing hook on CPU ranks)
     for ranks in zip(*[t.items() for t in trained]):  # the replicas stay identical under every compression
         assert len({params for _, (_, params) in ranks}) == 1, ranks
     plain = trained[0]["none"][0]
@@ -152,6 +164,47 @@ def test_ddp_gradient_compression_trains_like_uncompressed_and_is_timed(cluster_
         losses = trained[0][c][0]
         assert losses[-1] < losses[0] / 4, (c, losses)  # it trains
         assert abs(losses[-1] - plain[-1]) <= tolerance * plain[-1] + 1e-3, (c, losses[-1], plain[-1])
+
+
+RESUMED = """
+from jdist.rank.backends.ddp import powersgd_states
+def net_and_opt(seed):
+    torch.manual_seed(seed)
+    m = jdist.prepare(nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1)),
+                      compression="powersgd", powersgd_start_iter=3, bucket_cap_mb=0.25)   # (several buckets)
+    return m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+def train(m, o, steps):
+    losses = []
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        x = torch.randn(16, 32, generator=g); y = x[:, :8].sum(1, keepdim=True) / 4
+        loss = ((m(x) - y) ** 2).mean(); o.zero_grad(); loss.backward(); o.step(); losses.append(loss.item())
+    return losses
+m, o = net_and_opt(0)
+train(m, o, range(8))
+jdist.save_checkpoint(PATH, model=m, optimizer=o, step=8)
+straight = train(m, o, range(8, 16))
+m2, o2 = net_and_opt(1)
+jdist.load_checkpoint(PATH, model=m2, optimizer=o2)
+resumed = train(m2, o2, range(8, 16))
+m3, o3 = net_and_opt(2)
+jdist.load_checkpoint(PATH, model=m3, optimizer=o3)
+(hook3, state3), (_, fresh) = powersgd_states(m3)[0], powersgd_states(net_and_opt(3)[0])[0]
+hook3.pending.clear()   # m3 as before: the state a new hook starts from
+for name in ("iter", "error_dict", "p_memory_dict", "q_memory_dict"):
+    setattr(state3, name, getattr(fresh, name))
+unrestored = train(m3, o3, range(8, 16))
+resume = (straight == resumed, straight != unrestored)
+"""
+
+
+def test_a_powersgd_run_resumes_exactly_from_its_checkpoint(cluster_kernel, tmp_path):
+    # PowerSGD's step count, P/Q (warm start) and each rank's error feedback are in the checkpoint; several
+    # buckets, which PowerSGD on gloo runs one after the other (else a rank aborts: jdist/rank/backends/ddp.py)
+    out = cluster_kernel.run("%%distributed\n" + RESUMED.replace("PATH", repr(str(tmp_path / "psgd.pt"))))
+    assert out.error is None, out.shown
+    cluster_kernel.run("%dist pull resume")
+    assert cluster_kernel.value("resume") == [(True, True)] * 2  # (the same 8 losses to the bit; without: others)
 
 
 def test_lost_stream_batches_are_fetched_from_the_ranks(cluster_kernel):

@@ -42,6 +42,11 @@ CORE_METRICS: dict[str, str] = {
     "all-reduces, FSDP all-gathers and reduce-scatters, the script's own torch.distributed collectives with "
     "--auto-metrics (intervals in flight, overlaps counted once)",
     "compute_time_s": "step_time_s - comm_time_s",
+    "comm_bytes": "bytes of the tensors the step's collectives carried, counted as they ran (every step, also "
+    "those whose comm_time_s was not sampled): a DDP's gradient buckets as its all-reduce sends them (compressed "
+    "under jdist.prepare(compression=...)), and with --auto-metrics the torch.distributed collectives' inputs "
+    "(FSDP2's all-gathers and reduce-scatters, the script's own); not counted: DTensor's functional collectives, "
+    "pipeline sends, Horovod, a comm hook of the script's own; None where nothing is timed (torchrun's group)",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",
     "mem_peak_bytes": "peak CUDA memory allocated on GPU ranks; peak process RSS on CPU ranks",
     "samples_per_s": "batch_size x batches since the previous log (training forwards of prepared models, at "

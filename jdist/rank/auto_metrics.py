@@ -20,6 +20,8 @@
   device and makes no CUDA call for its loss;
 * **communication time**: the intervals of the collectives the rank starts, from the comm timer
   (:class:`~jdist.rank.backends.base.CommTimer`): see :func:`torch_hooks` for what is timed and what is missed;
+  and the bytes they carried (``comm_bytes``: a DDP timed by its reducer, the gradients of each synced backward,
+  noted at its forward; the timed collectives' inputs);
 * step time, memory and the rest come from the sources (:mod:`jdist.rank.sources`), as for ``jdist.log``.
 
 A cell (or script) that calls ``jdist.log`` itself gets its records from those calls only: at its first
@@ -31,7 +33,8 @@ running cluster).
 The hot path: per backward one wrapper call (a comparison and a list append), per optimizer step one post hook
 (a clock reading, a small dict and tuple: the record held back; on CPU ranks, per DDP its reducer's own
 statistics, read on a sample of short steps: :data:`READ_EVERY_S`), per DDP forward a wrapper call that notes
-the step, per collective a timing wrapper (two clock readings). On GPU ranks, per step a check that the loss
+the step and the bytes its backward will all-reduce (an append), per collective a timing wrapper (two clock
+readings, its input's size). On GPU ranks, per step a check that the loss
 is on the default stream (a stream handle compared; the publisher copies it), and per DDP gradient bucket a CUDA
 event recorded in jdist's communication hook, whose future has one Python callback (taking the reduced tensor
 out of the all-reduce's result, as torch's own ``allreduce_hook`` does; the bucket's interval ends with the
@@ -77,6 +80,29 @@ COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_i
                "all_to_all", "all_to_all_single")
 
 
+#: The argument of each collective whose tensor (or tensors) it sends: (position, keyword); the others, the first.
+SENDS = {"all_gather": (1, "tensor"), "all_gather_into_tensor": (1, "input_tensor"),
+         "all_gather_single": (1, "input_tensor"), "reduce_scatter": (1, "input_list"),
+         "reduce_scatter_tensor": (1, "input"), "reduce_scatter_single": (1, "input"),
+         "all_to_all": (1, "input_tensor_list"), "all_to_all_single": (1, "input"),
+         "all_reduce_coalesced": (0, "tensors")}
+
+
+def sent_bytes(tensors: Any) -> int:
+    """The bytes of a tensor or a list of them (0 for anything else).
+
+    >>> import torch
+    >>> sent_bytes(torch.ones(3)), sent_bytes([torch.ones(2, dtype=torch.float16)] * 2), sent_bytes(None)
+    (12, 8, 0)
+    """
+    if isinstance(tensors, (list, tuple)):
+        return sum(sent_bytes(t) for t in tensors)
+    try:
+        return tensors.numel() * tensors.element_size()
+    except AttributeError:
+        return 0
+
+
 #: A DDP timed by its reducer is read about this often (seconds): every step of steps this long or longer, every
 #: n-th step of shorter ones (n <= :data:`READ_EVERY_MAX`), its reducer then also keeping statistics of those
 #: steps only. A read costs 30-50 µs (the reducer's logging data, copied out of C++), the statistics 10-15 µs.
@@ -84,13 +110,25 @@ READ_EVERY_S = 0.01
 READ_EVERY_MAX = 10  # (at least two timed steps in the panels' 20 recent ones)
 
 
+def grad_bytes(ddp: Any) -> int:
+    """The bytes of the gradients a ``DistributedDataParallel`` all-reduces each synced backward (its buckets:
+    the parameters that require a gradient, but those it was told to ignore)."""
+    module = getattr(ddp, "module", None)
+    if module is None:
+        return 0
+    ignored = getattr(ddp, "parameters_to_ignore", ()) or ()
+    return sum(p.numel() * p.element_size() for name, p in module.named_parameters()
+               if p.requires_grad and name not in ignored)
+
+
 class _Reduced:
     """A DDP whose all-reduce its reducer times (:meth:`AutoSteps.time_by_reducer`)."""
 
-    __slots__ = ("ref", "end", "timed", "used", "every", "next_read", "read_at", "read_step", "per_step")
+    __slots__ = ("ref", "end", "timed", "used", "every", "next_read", "read_at", "read_step", "per_step", "nbytes")
 
     def __init__(self, ddp: Any) -> None:
         self.ref = weakref.ref(ddp)
+        self.nbytes = grad_bytes(ddp)  # what its all-reduce carries a synced backward (DDP's buckets, no hook)
         self.end = 0  # the end (epoch ns) of the last interval read
         self.timed = (-1, -1)  # the steps (AutoSteps.steps) of the last two intervals read
         self.used = (-1, -1)  # the last two steps whose forwards it ran (DistributedDataParallel.forward's wrapper)
@@ -286,6 +324,7 @@ class AutoSteps:
         if not own_complete:
             rec["comm_time_s"] = UNSAMPLED
         intervals, events = timer.take_all()
+        rec["comm_bytes"] = timer.take_sent()
         entry = (rec, now, intervals, events, s.train.forwards, roots)
         self.count += 1
         held, self.held = self.held, entry
@@ -305,7 +344,9 @@ class AutoSteps:
         held, self.held = self.held, None
         if held is not None:
             own = self._reduced(now=True)[1] if self.reduced else None
-            self.session.timer.give_back((held[2] or []) + (own or []) or None, held[3])
+            timer = self.session.timer
+            timer.give_back((held[2] or []) + (own or []) or None, held[3])
+            timer.sent(held[0].get("comm_bytes") or 0)
 
     def flush(self) -> None:
         """The cell ends: queue the step held back."""
@@ -481,11 +522,14 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
 
     def make_collective(real: Any) -> Any:
         at = group_position(real)
+        sends = SENDS.get(real.__name__, (0, "tensor"))
 
         def collective(*args: Any, **kwargs: Any) -> Any:
             dim = None
             if DIMS.order:  # a device mesh was built: the collective's group is one of its dimensions?
                 dim = DIMS.of(args[at] if at is not None and len(args) > at else kwargs.get("group"))
+            if not TIMING[0]:  # (inside a timed one: its bytes are the outer one's)
+                timer.sent(sent_bytes(args[sends[0]] if len(args) > sends[0] else kwargs.get(sends[1])))
             return timed_call(timer, kind, lambda: real(*args, **kwargs), bool(kwargs.get("async_op")), dim)
 
         collective.__wrapped__ = real  # type: ignore[attr-defined]
@@ -521,14 +565,19 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     undo.append(install_functional(timer, kind))  # DTensor's (tensor, sequence parallel): once it is imported
     undo.append(install_pipeline(steps.session, timer, kind))  # torch.distributed.pipelining's schedules
 
+    grad_enabled = torch.is_grad_enabled
+
     def make_forward(real: Any) -> Any:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             r = self.__dict__.get("_jdist_reduced")
-            step = steps.steps + 1  # the step being run (AutoSteps.steps counts those that ended)
-            if r is not None and r.used[0] != step:
-                r.used = (step, r.used[0])
-                if r.next_read < steps.next_read:  # (a DDP that did not run in the last steps)
-                    steps.next_read = r.next_read
+            if r is not None:
+                step = steps.steps + 1  # the step being run (AutoSteps.steps counts those that ended)
+                if r.used[0] != step:
+                    r.used = (step, r.used[0])
+                    if r.next_read < steps.next_read:  # (a DDP that did not run in the last steps)
+                        steps.next_read = r.next_read
+                if self.require_backward_grad_sync and not self._comm_hooks and grad_enabled():
+                    timer.sent(r.nbytes)  # its backward will all-reduce every bucket (a hook counts its own)
             return real(self, *args, **kwargs)
 
         return forward
@@ -586,6 +635,7 @@ def timed_comm_hook(timer: CommTimer, kind: str) -> Callable[[Any, Any], Any]:
                 TIMING[0] -= 1
         group = state.group if state is not None and state.group is not None else dist.group.WORLD
         tensor = bucket.buffer()
+        timer.sent(tensor.numel() * tensor.element_size())
         tensor.mul_(1.0 / group.size())  # DDP's own scaling (by 1 / world, then the sum): the same bits
         return group.allreduce([tensor], opts).get_future()
 
@@ -642,5 +692,5 @@ def time_ddp(ddp: Any, timer: CommTimer, kind: str, steps: AutoSteps | None = No
     ddp._register_builtin_comm_hook = register_builtin_comm_hook
 
 
-__all__ = ["COLLECTIVES", "AutoSteps", "CommHookState", "disable", "enable", "logs_itself", "loss_values", "patch",
-           "time_ddp", "timed_comm_hook", "torch_hooks"]
+__all__ = ["COLLECTIVES", "SENDS", "AutoSteps", "CommHookState", "disable", "enable", "grad_bytes", "logs_itself",
+           "loss_values", "patch", "sent_bytes", "time_ddp", "timed_comm_hook", "torch_hooks"]

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 from jdist.plugins import BackendSpec
 from jdist.protocol import CellEndMessage, Record
 
-from .backends.base import Backend, CommTimer, PlainDevice, RankContext
+from .backends.base import TIMING, Backend, CommTimer, PlainDevice, RankContext
 from .channel import KernelChannel, ListChannel
 from .hostload import HostSampler
 from .sources import MetricSource, default_sources, ready, resolve_deferred
@@ -142,6 +142,7 @@ class RankSession:
 
     def begin_cell(self) -> None:
         """A cell starts (IPython ``pre_run_cell``): new cell id, step clock and sources reset."""
+        TIMING[0] = 0  # (a compression hook's future that never completed, in a cell stopped in its backward)
         with self._lock:
             now = time.perf_counter()
             self.stream.begin_cell()
@@ -185,6 +186,7 @@ class RankSession:
         if pipeline is not None:
             pipeline.close_step(rec)
         intervals, events = self.timer.take_all()
+        rec["comm_bytes"] = self.timer.take_sent()
         self.stream.add((rec, now, intervals, events, self.train.forwards, deferred))
         if self.log_hooks:
             for hook in list(self.log_hooks.values()):

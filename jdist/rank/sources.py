@@ -204,19 +204,21 @@ class StepTiming:
 
     CPU ranks: the union of the communication intervals recorded between the two logs. GPU
     ranks: CUDA timing events, read when the batch is published, once they completed, so that
-    no step waits for the GPU. With device meshes (:mod:`jdist.rank.mesh.dims`), ``comm_time_<dim>_s`` per
+    no step waits for the GPU. ``comm_bytes``: what the step's collectives carried, counted as they ran
+    (:meth:`~jdist.rank.backends.base.CommTimer.sent`; on every step, also those whose time was not sampled). With device meshes (:mod:`jdist.rank.mesh.dims`), ``comm_time_<dim>_s`` per
     dimension (the part of ``comm_time_s`` on that dimension's groups). A session whose communication nothing times
     (:attr:`~jdist.rank.session.RankSession.comm_timed`: torchrun's or Ray Train's process group) has
     step time only.
     """
 
-    names = ("step_time_s", "comm_time_s", "compute_time_s")
+    names = ("step_time_s", "comm_time_s", "compute_time_s", "comm_bytes")
 
     def __init__(self) -> None:
         self.t_last = 0.0
 
     def begin_cell(self, s: RankSession, now: float) -> None:
         s.timer.take_all()
+        s.timer.take_sent()
         self.t_last = now
 
     def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
@@ -224,6 +226,7 @@ class StepTiming:
         if not s.comm_timed:
             for entry in entries:
                 entry[REC]["step_time_s"] = entry[T] - t_last
+                entry[REC]["comm_bytes"] = None
                 t_last = entry[T]
             self.t_last = t_last
             return
@@ -232,6 +235,7 @@ class StepTiming:
             step_time = t - t_last
             t_last = t
             rec["step_time_s"] = step_time
+            rec.setdefault("comm_bytes", 0)  # (counted at the step, every step: sampled or not)
             dims = DIMS.order
             if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed: None, as a
                 rec["comm_time_s"] = rec["compute_time_s"] = None  # missing field is (same fields: the fast batch)

@@ -146,14 +146,33 @@ class CommTimer:
     events, read once they completed, at publish time, so no step ever waits for the GPU. An interval of a
     collective on a device mesh's dimension carries the dimension's name as a third item (``comm_time_<dim>_s``).
 
+    Beside the intervals, the bytes the collectives carried (:meth:`sent`: DDP's gradient buckets as its
+    all-reduce or a compression hook sends them, the inputs of the ``torch.distributed`` collectives timed),
+    taken with each record as its ``comm_bytes``.
+
     >>> t = CommTimer(); t.record(1.0, 1.5)
     >>> t.take_intervals(), t.take_intervals()
     ([(1.0, 1.5)], None)
+    >>> t.sent(400); t.sent(200); t.take_sent(), t.take_sent()
+    (600, 0)
     """
 
     def __init__(self) -> None:
         self._intervals: list[tuple[float, float]] = []
         self._events: list[tuple[Any, Any]] = []
+        self._sent: list[int] = []
+
+    def sent(self, nbytes: int) -> None:
+        """``nbytes`` more carried by this step's collectives (from comm-hook threads too: an append)."""
+        self._sent.append(nbytes)
+
+    def take_sent(self) -> int:
+        """The bytes carried since the last call."""
+        sent = self._sent
+        if not sent:
+            return 0
+        self._sent = []
+        return sum(sent)
 
     def record(self, start: float, end: float, dim: str | None = None) -> None:
         """One wall-clock interval (seconds, perf_counter), on mesh dimension ``dim`` if given. Called from
