@@ -365,6 +365,7 @@ class RunMeta(TypedDict):
     records: int
     cluster_id: str | None
     hosts: dict[str, str]  # rank (as a JSON key) -> host, when the ranks ran on several hosts
+    stragglers: list[dict[str, Any]]  # the ranks named as stragglers (jdist.metrics.stragglers.Straggler's fields)
 
 
 # -- server -> browser (REST; mirrored in labextension/src/protocol.ts) --------------------------

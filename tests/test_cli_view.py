@@ -25,6 +25,19 @@ def test_the_status_line_names_the_slowest_rank_and_the_eta():
     assert [row["slowest"] for row in rank_rows(four_ranks())] == [False, False, False, True]
 
 
+def test_a_named_straggler_is_the_one_marked_with_its_cause():
+    # in synchronous training the straggler's step is no longer than the others': its own work is
+    from jdist.metrics.stragglers import Straggler
+
+    run = four_ranks()
+    run.stragglers.append(Straggler(rank=1, score=1.8, windows=2, window_s=10.0, data_share=0.5,
+                                    others_data_share=0.0, compute_share=0.3, others_compute_share=0.3,
+                                    others_comm_share=0.5))
+    assert "straggler r1 (data)" in status_line(run) and "slowest" not in status_line(run)
+    rows = rank_rows(run)
+    assert [row["slowest"] for row in rows] == [False, True, False, False] and rows[1]["straggler"] == "data"
+
+
 def test_plain_lines_come_every_period_and_only_with_new_records():
     out = io.StringIO()
     view = PlainView(out, every_s=0.0)

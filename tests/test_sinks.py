@@ -62,10 +62,11 @@ def test_run_memory_refuses_a_budget_that_cannot_hold_anything():
 def test_a_cells_options_choose_its_sinks(tmp_path):
     run = Run("r", 1)
     kinds = [type(s).__name__ for s in sinks.default_sinks(run, cell())]
-    assert kinds == ["KernelRuns", "RunLogSink", "DashboardSink"]
+    assert kinds == ["KernelRuns", "RunLogSink", "StragglerSink", "DashboardSink"]
     made = sinks.default_sinks(run, cell(no_dashboard=True, tensorboard=str(tmp_path), mlflow=True))
-    assert [type(s).__name__ for s in made] == ["KernelRuns", "RunLogSink", "TrackerSink", "TrackerSink"]
-    assert sorted(s.label for s in made[2:]) == ["MLflow", "TensorBoard"]  # sink order: entry-point order
+    assert [type(s).__name__ for s in made] == ["KernelRuns", "RunLogSink", "StragglerSink", "TrackerSink",
+                                                 "TrackerSink"]
+    assert sorted(s.label for s in made[3:]) == ["MLflow", "TensorBoard"]  # sink order: entry-point order
     assert set(sink_specs()) == {"tensorboard", "mlflow"}
 
 

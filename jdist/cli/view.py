@@ -51,7 +51,8 @@ def _bytes(n: float) -> str:
 def rank_rows(run: Run) -> list[dict[str, Any]]:
     """Per rank: its latest step and loss, recent step and communication time (s), the communication's share of
     the timed steps (:meth:`~jdist.metrics.Run.comm_share`), memory, and
-    whether it is the slowest (:func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank); with
+    whether it is the slowest (a named straggler, :attr:`jdist.metrics.Run.stragglers`, with its cause in
+    ``straggler``; else :func:`~jdist.metrics.panels.slowest_ranks`; only with more than one rank); with
     device meshes each dimension's recent communication time (``dims``), in a pipeline the rank's stage and
     recent bubble."""
     step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
@@ -68,9 +69,11 @@ def rank_rows(run: Run) -> list[dict[str, Any]]:
                      "comm_share": share.get(r), "mem": rec.get("mem_bytes"), "slowest": False,
                      "dims": {d: per.get(r) for d, per in dims.items()}, "stage": rec.get("pp_stage"),
                      "bubble": bubble.get(r)})
-    slow = slowest_ranks(run, 1) if len(step) > 1 else []
+    named = {s.rank: s.cause for s in run.stragglers}  # (named stragglers: their own work, not the step, is long)
+    slow = slowest_ranks(run, 1) if len(step) > 1 and not named else []
     for row in rows:
-        row["slowest"] = bool(slow) and row["rank"] == slow[0][0]
+        row["slowest"] = row["rank"] in named if named else bool(slow) and row["rank"] == slow[0][0]
+        row["straggler"] = named.get(row["rank"])
     return rows
 
 
@@ -100,7 +103,9 @@ def status_line(run: Run) -> str:
         if bubble:
             parts.append(f"bubble {sum(bubble) / len(bubble):.2f}")
         slow = slowest_ranks(run, 1) if len(rows) > 1 else []
-        if slow and slow[0][3] > 1.05:  # more than 5 % above the ranks' median
+        if run.stragglers:
+            parts.append("straggler " + ", ".join(f"r{s.rank} ({s.cause})" for s in run.stragglers))
+        elif slow and slow[0][3] > 1.05:  # more than 5 % above the ranks' median
             parts.append(f"slowest r{slow[0][0]} (+{100 * (slow[0][3] - 1):.0f}%)")
     eta = eta_s(run)
     if eta is not None:

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import signal
 from dataclasses import dataclass, field
@@ -80,12 +82,45 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A rank's newest collective on one process group, from c10d's Flight Recorder: the group's ranks, its
+    sequence number on that group (the same collective has the same number on every rank of it), the operation,
+    its input tensors' sizes and dtypes, and whether it completed.
+
+    >>> Collective((0, 1), 58, "all_reduce", ((10,),), ("Float",), False).what()
+    'all_reduce #58 of float32[10]'
+    """
+
+    group: tuple[int, ...]
+    seq: int
+    op: str
+    sizes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    done: bool
+
+    def what(self) -> str:
+        tensors = ", ".join(f"{_DTYPES.get(d, d.lower())}[{'x'.join(map(str, size))}]"
+                            for size, d in zip(self.sizes, self.dtypes))
+        return f"{self.op} #{self.seq}" + (f" of {tensors}" if tensors else "")
+
+    def same_call(self, other: Collective) -> bool:
+        """The same operation on tensors of the same sizes and dtypes (what the ranks of a group must agree on)."""
+        return (self.op, self.sizes, self.dtypes) == (other.op, other.sizes, other.dtypes)
+
+
+#: c10d's dtype names (the Flight Recorder's) as torch writes them.
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Byte": "uint8", "Char": "int8", "Bool": "bool", "Short": "int16"}
+
+
+@dataclass(frozen=True)
 class Sample:
     """One look at a rank: its main thread's frames (innermost first) and, when its guard
-    answered, its progress counters."""
+    answered, its progress counters and its newest collective on each process group (:class:`Collective`)."""
 
     frames: list[Frame] = field(default_factory=list)
     progress: Progress | None = None
+    collectives: tuple[Collective, ...] = ()
 
 
 def describe(frames: Sequence[Frame], backward_waits: bool = False,
@@ -250,12 +285,19 @@ def format_progress(p: Progress) -> str:
 def format_sample(sample: Sample) -> str:
     """A sample as text: the frames in faulthandler's format (thread 0), then the progress line.
 
-    >>> s = Sample([("/tmp/ipykernel_7/1.py", 2, "<module>")], Progress(1.0, 2.0, 0.5, None))
+    >>> s = Sample([("/tmp/ipykernel_7/1.py", 2, "<module>")], Progress(1.0, 2.0, 0.5, None),
+    ...            (Collective((0, 1), 3, "broadcast", ((2, 3), (4,)), ("Float", "Long"), True),))
     >>> parse_sample(format_sample(s)) == s
     True
     """
     text = format_thread(0, sample.frames)
-    return text + format_progress(sample.progress) + "\n" if sample.progress is not None else text
+    if sample.progress is not None:
+        text += format_progress(sample.progress) + "\n"
+    return text + "".join(f"{COLLECTIVE_PREFIX} {json.dumps(dataclasses.astuple(c))}\n" for c in sample.collectives)
+
+
+#: The lines of a sample that hold its :class:`Collective` s (JSON after the prefix).
+COLLECTIVE_PREFIX = "jdist-collective"
 
 
 def format_thread(ident: int, frames: Sequence[Frame]) -> str:
@@ -273,7 +315,16 @@ def format_thread(ident: int, frames: Sequence[Frame]) -> str:
 
 def parse_sample(text: str) -> Sample:
     """The :class:`Sample` written by :func:`format_sample`."""
-    return Sample(parse_faulthandler(text, 0), parse_progress(text))
+    collectives = []
+    for line in text.splitlines():
+        if line.startswith(COLLECTIVE_PREFIX + " "):
+            try:
+                group, seq, op, sizes, dtypes, done = json.loads(line[len(COLLECTIVE_PREFIX) + 1:])
+                collectives.append(Collective(tuple(group), int(seq), str(op), tuple(tuple(x) for x in sizes),
+                                              tuple(dtypes), bool(done)))
+            except (ValueError, TypeError):  # a line cut short: no evidence
+                continue
+    return Sample(parse_faulthandler(text, 0), parse_progress(text), tuple(collectives))
 
 
 def parse_progress(text: str) -> Progress | None:

@@ -1,8 +1,9 @@
-"""Where a run's records go in the kernel: one :class:`RecordSink` interface, four kinds of sink.
+"""Where a run's records go in the kernel: one :class:`RecordSink` interface, five kinds of sink.
 
 The supervisor hands each new batch of records to every sink of the cell's run: :class:`KernelRuns`
 (the kernel's runs: ``jdist.last_run()``, ``jdist.runs()``, within the memory budget of :func:`run_memory`), :class:`RunLogSink`
-(the run folder on disk, which the Jupyter server's sidebar reads) and :class:`DashboardSink`
+(the run folder on disk, which the Jupyter server's sidebar reads), :class:`StragglerSink` (names a rank
+slower than the others in the cell's output) and :class:`DashboardSink`
 (the live dashboard under the cell), and the sinks of installed sink plugins that the cell's
 options turn on (:class:`jdist.plugins.SinkSpec`, entry point group ``jdist.sinks``). jdist's own
 are :class:`TrackerSink` s: TensorBoard with ``--tensorboard DIR`` (:data:`TENSORBOARD`), MLflow
@@ -19,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ from collections import deque
 from typing import Any, Callable, Protocol
 
 from jdist.metrics import Run, RunLog, budget
+from jdist.metrics.stragglers import StragglerWatch, window_from_env
 from jdist.options import CellOptions, Option, Scope
 from jdist.plugins import SinkSpec, sink_specs
 from jdist.protocol import HostMessage, PipelineMessage, Record
@@ -106,6 +109,7 @@ class RunLogSink:
     def __init__(self, root: str | None = None) -> None:
         self.root = root
         self.log: RunLog | None = None
+        self._stragglers = 0  # (meta.json has those named so far: the sidebar reads them from it)
 
     def start(self, run: Run) -> None:
         self.log = RunLog(run, self.root)
@@ -125,7 +129,9 @@ class RunLogSink:
         self.log.append_pipeline(message)
 
     def tick(self) -> None:
-        pass
+        if self.log is not None and len(self.log.run.stragglers) != self._stragglers:
+            self._stragglers = len(self.log.run.stragglers)
+            self.log.write_meta()
 
     def finish(self, run: Run) -> None:
         if self.log is not None:
@@ -268,10 +274,37 @@ def unavailable(opts: CellOptions) -> str | None:
     return None
 
 
+class StragglerSink:
+    """Names a straggler in the cell's output once it is one (:class:`jdist.metrics.stragglers.StragglerWatch`,
+    windows of ``$JDIST_STRAGGLER_WINDOW_S``, 10 s by default); the run keeps them (``run.stragglers``), which the
+    slowest-ranks table and the summary show."""
+
+    def __init__(self) -> None:
+        self.watch: StragglerWatch | None = None
+        self.run: Run | None = None
+
+    def start(self, run: Run) -> None:
+        self.run = run
+        self.watch = StragglerWatch(run.world_size, window_from_env(os.environ), hosts=run.hosts,
+                                    flagged=run.stragglers)
+
+    def add(self, records: list[Record]) -> None:
+        if self.watch is not None:
+            self.watch.add(records)
+
+    def tick(self) -> None:
+        if self.watch is not None:
+            for straggler in self.watch.poll(time.monotonic()):
+                print(f"jdist: {straggler.line()}", flush=True)
+
+    def finish(self, run: Run) -> None:
+        pass
+
+
 def default_sinks(run: Run, opts: CellOptions) -> list[RecordSink]:
-    """The sinks of a ``%%distributed`` cell's run: the kernel's runs, the run log, the dashboard
-    (unless ``--no-dashboard``), then each sink plugin's that the cell's options turn on."""
-    sinks: list[RecordSink] = [KernelRuns(), RunLogSink(opts.run_dir)]
+    """The sinks of a ``%%distributed`` cell's run: the kernel's runs, the run log, the straggler watch, the
+    dashboard (unless ``--no-dashboard``), then each sink plugin's that the cell's options turn on."""
+    sinks: list[RecordSink] = [KernelRuns(), RunLogSink(opts.run_dir), StragglerSink()]
     if not opts.no_dashboard:
         sinks.append(DashboardSink())
     return sinks + plugin_sinks(run, opts)

@@ -699,11 +699,17 @@ def slowest_ranks(run: Run, count: int = SLOWEST) -> list[tuple[int, str, float,
 
 
 def slowest_panel(run: Run) -> BarDef | None:
-    """Beyond :data:`BARS_UP_TO` ranks: the slowest ranks, their host and how much slower than the
-    median they are, and the slowest host (the straggler view)."""
-    if len(_ranks(run)) <= BARS_UP_TO:
+    """Beyond :data:`BARS_UP_TO` ranks, or once a rank was named a straggler (:mod:`jdist.metrics.stragglers`):
+    the slowest ranks, their host, how much slower than the median they are, their communication and data-wait
+    shares, and the slowest host (the straggler view); the stragglers first, with their cause."""
+    named = {s.rank: s for s in run.stragglers}
+    if len(_ranks(run)) <= BARS_UP_TO and not named:
         return None
     slow = slowest_ranks(run)
+    if named:  # the stragglers first (in synchronous training every rank's step is as long as the slowest's)
+        everyone = slowest_ranks(run, len(_ranks(run)))
+        slow = ([row for row in everyone if row[0] in named] + [row for row in slow if row[0] not in named])[:SLOWEST]
+    data = run.per_rank_mean("data_time_s", last=RECENT_STEPS, skip_first=True)
     step = run.per_rank_mean("step_time_s", last=RECENT_STEPS, skip_first=True)
     note = ""
     if step:
@@ -716,10 +722,16 @@ def slowest_panel(run: Run) -> BarDef | None:
             host, values = max(by_host.items(), key=lambda kv: statistics.mean(kv[1]))
             note += f"; slowest host {host}: {_slower(statistics.mean(values), median)} on average"
     rows = [[f"r{r}", host or "-", f"{t * 1e3:.1f} ms", _slower(ratio, 1.0) if ratio == ratio else "-",
-             f"{share:.0%}" if share is not None else "-"] for r, host, t, ratio, share in slow]
+             f"{share:.0%}" if share is not None else "-",
+             f"{data[r] / step[r]:.0%}" if r in data and step.get(r) else "-",
+             f"straggler: {named[r].cause}, {named[r].score:.1f}x" if r in named else ""]
+            for r, host, t, ratio, share in slow]
+    if named:
+        note = "; ".join([*(s.line() for s in named.values()), *([note] if note else [])])
     return BarDef(TablePanel(key="slowest", kind="table", title="slowest ranks",
-                             columns=["rank", "host", "step time", "vs median", "communication"], rows=rows,
-                             note=note))
+                             columns=["rank", "host", "step time", "vs median", "communication", "data wait",
+                                      "flag"], rows=rows, note=note),
+                  summary=lambda r: [f"straggler: {s.line()}" for s in r.stragglers])
 
 
 def hosts_panel(run: Run) -> BarDef | None:

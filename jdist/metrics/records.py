@@ -27,6 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
+import dataclasses
+
 import numpy as np
 
 from jdist.protocol import RECORD_KEYS, Record, RunMeta
@@ -47,6 +49,8 @@ CORE_METRICS: dict[str, str] = {
     "under jdist.prepare(compression=...)), and with --auto-metrics the torch.distributed collectives' inputs "
     "(FSDP2's all-gathers and reduce-scatters, the script's own); not counted: DTensor's functional collectives, "
     "pipeline sends, Horovod, a comm hook of the script's own; None where nothing is timed (torchrun's group)",
+    "data_time_s": "seconds within the step the rank waited for its next batch: time in the __next__ of every "
+    "torch DataLoader iterator (a prepared loader's too), with --auto-metrics; None without",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",
     "mem_peak_bytes": "peak CUDA memory allocated on GPU ranks; peak process RSS on CPU ranks",
     "samples_per_s": "batch_size x batches since the previous log (training forwards of prepared models, at "
@@ -168,6 +172,8 @@ class Run:
         self.cluster_id = cluster_id  # the ipyparallel cluster that ran it (links runs to clusters)
         #: rank -> host, when the ranks ran on several hosts (empty on one: the panels then leave it out)
         self.hosts: dict[int, str] = dict(hosts or {})
+        #: the ranks named as stragglers while it ran (:class:`jdist.metrics.stragglers.Straggler`, in order)
+        self.stragglers: list[Any] = []
         self._count = 0
         self._released = False
         self._reset()
@@ -769,6 +775,7 @@ class Run:
             records=self._count,
             cluster_id=self.cluster_id,
             hosts={str(r): h for r, h in sorted(self.hosts.items())},
+            stragglers=[dataclasses.asdict(s) for s in self.stragglers],
         )
 
     def to_tensorboard(self, logdir: str | Path) -> Path:

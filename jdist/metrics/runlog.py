@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .records import Run
+from .stragglers import Straggler
 from .store import HOSTS_FILE, PIPELINE_FILE, RECORDS_FILE, RecordBatch, folder_files, load_batches, read_file, read_frames, read_records
 
 __all__ = ["RECORDS_FILE", "RunLog", "RunReader", "default_run_dir", "list_runs", "load_batches", "read_frames",
@@ -146,6 +147,7 @@ class RunReader:
             else:
                 for name, value in fields.items():
                     setattr(self.run, name, value)
+            self.run.stragglers[:] = [Straggler(**s) for s in meta.get("stragglers") or ()]
         names = folder_files(self.path)
         self.new = [self.run.add_batch(batch) for name in names for batch in self._read(name)]
         for name in names:

@@ -64,6 +64,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import TIMING, CommTimer
+from .collectives import check_group
 from .mesh.dims import DIMS
 from .mesh.pipeline import install as install_pipeline
 from .mesh.timing import group_position
@@ -325,6 +326,7 @@ class AutoSteps:
             rec["comm_time_s"] = UNSAMPLED
         intervals, events = timer.take_all()
         rec["comm_bytes"] = timer.take_sent()
+        rec["data_time_s"] = s.take_data_time()
         entry = (rec, now, intervals, events, s.train.forwards, roots)
         self.count += 1
         held, self.held = self.held, entry
@@ -347,6 +349,8 @@ class AutoSteps:
             timer = self.session.timer
             timer.give_back((held[2] or []) + (own or []) or None, held[3])
             timer.sent(held[0].get("comm_bytes") or 0)
+            if held[0].get("data_time_s") is not None:  # (the data it waited for goes to that log's record too)
+                self.session.data_s = (self.session.data_s or 0.0) + held[0]["data_time_s"]
 
     def flush(self) -> None:
         """The cell ends: queue the step held back."""
@@ -520,14 +524,20 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     undo.append(patch(GradScaler, "scale", make_scale))
     undo.append(patch(GradScaler, "step", make_step))
 
+    session = steps.session
+
     def make_collective(real: Any) -> Any:
         at = group_position(real)
+        name = f"dist.{real.__name__}"
         sends = SENDS.get(real.__name__, (0, "tensor"))
 
         def collective(*args: Any, **kwargs: Any) -> Any:
             dim = None
             if DIMS.order:  # a device mesh was built: the collective's group is one of its dimensions?
                 dim = DIMS.of(args[at] if at is not None and len(args) > at else kwargs.get("group"))
+            if session.cell_ranks is not None:  # a cell on some ranks only: a group with others would hang
+                check_group(name, args[at] if at is not None and len(args) > at else kwargs.get("group"),
+                            session.cell_ranks)
             if not TIMING[0]:  # (inside a timed one: its bytes are the outer one's)
                 timer.sent(sent_bytes(args[sends[0]] if len(args) > sends[0] else kwargs.get(sends[1])))
             return timed_call(timer, kind, lambda: real(*args, **kwargs), bool(kwargs.get("async_op")), dim)
@@ -548,6 +558,9 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
 
     def make_init(real: Any) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if session.cell_ranks is not None:
+                check_group("DistributedDataParallel (it broadcasts the parameters of one rank to the others)",
+                            kwargs.get("process_group"), session.cell_ranks)
             real(self, *args, **kwargs)
             if not self._comm_hooks:  # none registered while it was built (mixed_precision= registers one)
                 if kind == "cpu":
@@ -570,6 +583,9 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
     def make_forward(real: Any) -> Any:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             r = self.__dict__.get("_jdist_reduced")
+            if session.cell_ranks is not None and self.require_backward_grad_sync and grad_enabled():
+                check_group("a DistributedDataParallel forward (its backward all-reduces the gradients)",
+                            self.process_group, session.cell_ranks)
             if r is not None:
                 step = steps.steps + 1  # the step being run (AutoSteps.steps counts those that ended)
                 if r.used[0] != step:
@@ -584,7 +600,36 @@ def torch_hooks(steps: AutoSteps, timer: Any, kind: str) -> list[Callable[[], No
 
     if kind == "cpu":
         undo.append(patch(DistributedDataParallel, "forward", make_forward))
+    undo.append(time_data(steps.session))
     return undo
+
+
+def time_data(s: RankSession) -> Callable[[], None]:
+    """Time every ``DataLoader`` iterator's ``__next__`` (a prepared loader's too: it iterates one) into
+    ``s.data_s``, the records' ``data_time_s``: two clock readings a batch. Returns the remover."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    clock = time.perf_counter
+
+    def make_next(real: Any) -> Any:
+        def __next__(self: Any) -> Any:
+            t = clock()
+            try:
+                return real(self)
+            finally:
+                if s.data_s is not None:
+                    s.data_s += clock() - t
+
+        return __next__
+
+    undo = patch(_BaseDataLoaderIter, "__next__", make_next)
+    s.data_s = 0.0
+
+    def remove() -> None:
+        undo()
+        s.data_s = None
+
+    return remove
 
 
 class CommHookState:
@@ -693,4 +738,4 @@ def time_ddp(ddp: Any, timer: CommTimer, kind: str, steps: AutoSteps | None = No
 
 
 __all__ = ["COLLECTIVES", "SENDS", "AutoSteps", "CommHookState", "disable", "enable", "grad_bytes", "logs_itself",
-           "loss_values", "patch", "sent_bytes", "time_ddp", "timed_comm_hook", "torch_hooks"]
+           "loss_values", "patch", "sent_bytes", "time_data", "time_ddp", "timed_comm_hook", "torch_hooks"]

@@ -62,6 +62,8 @@ from jdist.common.stacks import (
     format_sample,
 )
 
+from .collectives import latest_collectives
+
 
 class Guard:
     """Stack dumps and the release of a blocked collective for this rank (see the module doc)."""
@@ -165,7 +167,8 @@ class Guard:
         send it (:meth:`install`'s ``report``)."""
         if self.report is not None:
             try:
-                self.report(format_sample(Sample(annotated(frames_of(_main_frame())), progress(self.marker))))
+                self.report(format_sample(Sample(annotated(frames_of(_main_frame())), progress(self.marker),
+                                                 latest_collectives())))
             except Exception:  # no sample is no evidence; this thread must live on for releases
                 pass
             return
@@ -173,7 +176,7 @@ class Guard:
             return
         tmp = self.sample_path.with_name(self.sample_path.name + ".tmp")
         try:
-            sample = Sample(annotated(frames_of(_main_frame())), progress(self.marker))
+            sample = Sample(annotated(frames_of(_main_frame())), progress(self.marker), latest_collectives())
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(format_sample(sample))

@@ -36,6 +36,12 @@ def set_owner(pid: int) -> None:
     process.set_owner(pid)
 
 
+def cell_ranks(ranks: list[int]) -> None:
+    """The next cell runs on ``ranks`` only (``--targets``): until its end, collectives on groups with other
+    ranks are refused (:mod:`jdist.rank.collectives`)."""
+    session().cell_ranks = tuple(ranks)
+
+
 def cell_count() -> tuple[int, int]:
     """(current cell id, records logged in it) on this rank."""
     stream = session().stream

@@ -129,6 +129,12 @@ class RankSession:
     #: The pipeline schedules' actions on this rank (:class:`jdist.rank.mesh.pipeline.PipelineRecorder`), None
     #: until the code imports ``torch.distributed.pipelining`` with ``--auto-metrics`` on.
     pipeline: Any = None
+    #: Seconds in ``DataLoader`` iterators' ``__next__`` since the last record (``--auto-metrics``' hook times
+    #: them: :func:`jdist.rank.auto_metrics.torch_hooks`; None while nothing does): the records' ``data_time_s``.
+    data_s: float | None = None
+    #: The ranks running this cell when it runs on some only (``--targets``; None: every rank), until its end:
+    #: collectives with others in their group are refused (:mod:`jdist.rank.collectives`).
+    cell_ranks: tuple[int, ...] | None = None
 
     @property
     def backend_name(self) -> str:
@@ -150,6 +156,8 @@ class RankSession:
                 source.begin_cell(self, now)
             if self.auto is not None:
                 self.auto.begin_cell()
+            if self.data_s is not None:
+                self.data_s = 0.0
             if self.pipeline is not None:
                 self.pipeline.begin_cell()
         if self.train.models or self.train.timed:
@@ -165,6 +173,7 @@ class RankSession:
             self.publish_pipeline()  # (before the cell's end: the kernel stops listening there)
             message = self.stream.end_cell()
             self.channel.publish(message)
+        self.cell_ranks = None
         return message
 
     def log(self, rec: Record, deferred: list[tuple[str, Any, Any]] | None = None) -> None:
@@ -187,10 +196,18 @@ class RankSession:
             pipeline.close_step(rec)
         intervals, events = self.timer.take_all()
         rec["comm_bytes"] = self.timer.take_sent()
+        rec["data_time_s"] = self.take_data_time()
         self.stream.add((rec, now, intervals, events, self.train.forwards, deferred))
         if self.log_hooks:
             for hook in list(self.log_hooks.values()):
                 hook(rec)
+
+    def take_data_time(self) -> float | None:
+        """The seconds this rank waited for data since the last record (None: not timed)."""
+        data = self.data_s
+        if data is not None:
+            self.data_s = 0.0
+        return data
 
     def add_entry(self, rec: Record, now: float, intervals: Any, events: Any, forwards: int, deferred: Any) -> None:
         """Queue an automatic step record (:mod:`jdist.rank.auto_metrics`) measured at ``now``: its sequence

@@ -21,7 +21,7 @@ Example:
     ...     jdist.log(step=0, loss=0.5)
     ...     rec = s.end_cell()["records"][0]
     >>> sorted(k for k in rec if k.endswith("_s"))
-    ['comm_time_s', 'compute_time_s', 'samples_per_s', 'step_time_s']
+    ['comm_time_s', 'compute_time_s', 'data_time_s', 'samples_per_s', 'step_time_s']
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ class StepTiming:
     step time only.
     """
 
-    names = ("step_time_s", "comm_time_s", "compute_time_s", "comm_bytes")
+    names = ("step_time_s", "comm_time_s", "compute_time_s", "comm_bytes", "data_time_s")
 
     def __init__(self) -> None:
         self.t_last = 0.0
@@ -227,6 +227,7 @@ class StepTiming:
             for entry in entries:
                 entry[REC]["step_time_s"] = entry[T] - t_last
                 entry[REC]["comm_bytes"] = None
+                entry[REC].setdefault("data_time_s", None)
                 t_last = entry[T]
             self.t_last = t_last
             return
@@ -236,6 +237,7 @@ class StepTiming:
             t_last = t
             rec["step_time_s"] = step_time
             rec.setdefault("comm_bytes", 0)  # (counted at the step, every step: sampled or not)
+            rec.setdefault("data_time_s", None)
             dims = DIMS.order
             if rec.get("comm_time_s") is UNSAMPLED:  # a step whose communication was not timed: None, as a
                 rec["comm_time_s"] = rec["compute_time_s"] = None  # missing field is (same fields: the fast batch)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from jdist.common.stacks import Sample, blocked, describe
+from jdist.common.stacks import Collective, Sample, blocked, describe
 from jdist.plugins import backend_spec
 
 from ..launch import RankDeath
@@ -44,6 +44,9 @@ class Stop:
 class Release:
     reason: str  # "failure" or "hang"
     hang: dict[int, str] | None = None  # rank -> the collective it waits in
+    #: rank -> its newest collective on each of its groups (c10d's Flight Recorder), for a hang: every rank of the
+    #: cell's, also those that finished it
+    collectives: dict[int, tuple[Collective, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,10 @@ class HangWatchdog:
                    for r, s in samples.items()}
         if not all(waiting.values()):
             return None
-        return Release("hang", {r: w for r, w in waiting.items() if w})
+        finished = [r for r in getattr(sup, "ranks", ()) if r not in samples]  # (their newest collectives too)
+        others = sup.cluster.samples(finished, timeout=SAMPLE_TIMEOUT_S) if finished else {}
+        collectives = {r: s.collectives for r, s in {**samples, **others}.items() if s.collectives}
+        return Release("hang", {r: w for r, w in waiting.items() if w}, collectives or None)
 
 
 class UnreleasableWait:

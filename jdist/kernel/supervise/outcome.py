@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from jdist.common.stacks import Collective
 from jdist.errors import RankFailure, first_failure
 
 from ..launch import RankDeath
@@ -58,6 +59,7 @@ class Observations:
     interrupted: bool = False  # the user interrupted the kernel
     released: list[int] = field(default_factory=list)  # ranks jdist stopped (a failure elsewhere, a hang)
     hang: dict[int, str] | None = None  # rank -> the collective it waited in
+    collectives: dict[int, tuple[Collective, ...]] | None = None  # rank -> its newest collectives (a hang's)
     death: RankDeath | None = None  # the first rank process that ended
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop after an interrupt/release
     cut_short: bool = False  # a second interrupt ended the wait for them before --interrupt-grace

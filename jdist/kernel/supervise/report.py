@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from jdist.common.last_words import lines_of
+from jdist.common.mismatch import mismatch_lines
 from jdist.common.stacks import crash_lines, waiting_phrase
 from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
@@ -160,6 +161,8 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
                  "(--watchdog).", *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
         lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+        if obs.collectives:
+            lines += mismatch_lines(obs.collectives, obs.hang, world_size)
         raise HangError(*lines, *extra)
     if result.interrupted:
         quit = result.outcome.quit

@@ -106,6 +106,8 @@ class CellSupervisor:
             for hook in self.hooks:
                 code = hook.before(self, code)
                 started.append(hook)
+            if len(self.ranks) < self.cluster.config.n:  # --targets: collectives with the others are refused
+                self.cluster.call("cell_ranks", self.ranks, ranks=self.ranks)
             self.view = IppCellView(self.cluster.execute(code, self.ranks), self.ranks)
             self.view.attach(self.inbox)
             self.last_progress = time.monotonic()
@@ -174,6 +176,7 @@ class CellSupervisor:
     def _release(self, action: Release) -> None:
         if action.hang is not None:
             self.obs.hang = action.hang
+            self.obs.collectives = action.collectives
         self.obs.released = self.view.running()
         self.cluster.interrupt(self.obs.released)
         self._start_grace()

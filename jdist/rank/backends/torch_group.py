@@ -104,6 +104,7 @@ def init_process_group(ctx: RankContext) -> None:
     """
     import torch.distributed as dist
 
+    from ..collectives import enable_flight_recorder
     from ..guard import socket_fds
     from ..torchrun import real_init_process_group
 
@@ -111,6 +112,7 @@ def init_process_group(ctx: RankContext) -> None:
         return
     if ctx.single_host:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    enable_flight_recorder()  # (hang reports compare the ranks' newest collectives: jdist.rank.collectives)
     before = socket_fds()
     store: Any
     if ctx.port is None and ctx.single_host and ctx.work_dir:

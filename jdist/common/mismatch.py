@@ -1,0 +1,71 @@
+"""Collective mismatches, from the ranks' newest collectives (:class:`jdist.common.stacks.Collective`, c10d's
+Flight Recorder): ranks of one process group in different collectives, or in the same one with other sizes or
+dtypes, said with both sides.
+
+Example (4 ranks: rank 1 broadcasts 12 floats where the others all-reduce 10):
+    >>> from jdist.common.stacks import Collective
+    >>> world = (0, 1, 2, 3)
+    >>> latest = {r: (Collective(world, 58, "all_reduce", ((10,),), ("Float",), False),) for r in (0, 2, 3)}
+    >>> latest[1] = (Collective(world, 58, "broadcast", ((12,),), ("Float",), False),)
+    >>> where = {0: "all_reduce (cell line 7)", 1: "broadcast (cell line 9)", 2: "all_reduce (cell line 7)",
+    ...          3: "all_reduce (cell line 7)"}
+    >>> print(mismatch_lines(latest, where, world_size=4)[0])
+    collective mismatch on the default group (ranks 0-3): rank 1 is in broadcast #58 of float32[12] at cell line 9; ranks 0, 2, 3 are in all_reduce #58 of float32[10] at cell line 7 (the ranks' newest collectives, from c10d's Flight Recorder)
+    >>> latest[1] = latest[0]
+    >>> mismatch_lines(latest, where, world_size=4)
+    []
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from .stacks import Collective
+
+_LINE = re.compile(r"\((cell line \d+|[^()]*:\d+)\)\s*$")
+
+
+def _spans(ranks: Sequence[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def mismatch_lines(latest: Mapping[int, Sequence[Collective]], where: Mapping[int, str],
+                   world_size: int) -> list[str]:
+    """One line per process group whose ranks are not all in the same collective while one of them waits: each
+    side's ranks, the collective (operation, sequence number on the group, tensors) and, for a rank waiting in
+    it, its place (``where``: rank -> the hang report's "all_reduce (cell line 7)"). A rank that finished its
+    newest collective on the group is said as having finished it."""
+    groups: dict[tuple[int, ...], dict[int, Collective]] = {}
+    for rank, collectives in latest.items():
+        for c in collectives:
+            if c.group and rank in c.group:
+                groups.setdefault(c.group, {})[rank] = c
+    lines = []
+    for group, by_rank in sorted(groups.items()):
+        if len(by_rank) < 2 or all(c.done for c in by_rank.values()):
+            continue
+        sides: dict[tuple[int, str, tuple[tuple[int, ...], ...], tuple[str, ...]], list[int]] = {}
+        for rank, c in sorted(by_rank.items()):
+            sides.setdefault((c.seq, c.op, c.sizes, c.dtypes), []).append(rank)
+        if len(sides) < 2:
+            continue
+        parts = []
+        for key, ranks in sorted(sides.items(), key=lambda kv: (len(kv[1]), kv[1])):
+            c = by_rank[ranks[0]]
+            places = {m.group(1) for r in ranks if (m := _LINE.search(where.get(r, "")))}
+            place = f" at {places.pop()}" if len(places) == 1 else ""
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_spans(ranks)}"
+            verb = ("finished" if all(by_rank[r].done for r in ranks) else
+                    ("is in" if len(ranks) == 1 else "are in"))
+            parts.append(f"{who} {verb} {c.what()}{place}")
+        name = "the default group" if group == tuple(range(world_size)) else "a group"
+        lines.append(f"collective mismatch on {name} (ranks {_spans(group)}): {'; '.join(parts)} "
+                     "(the ranks' newest collectives, from c10d's Flight Recorder)")
+    return lines
+
+
+__all__ = ["mismatch_lines"]
