@@ -113,6 +113,7 @@ bench: venv horovod deepspeed tf chromium
 	$(BIN)/python benchmarks/bench_cli.py --repeats 5
 	$(BIN)/python benchmarks/bench_model_parallel.py --repeats 5
 	$(BIN)/python benchmarks/bench_compression.py --repeats 3
+	$(BIN)/python benchmarks/bench_troubleshooting.py
 	$(BIN)/python benchmarks/bench_tune.py --repeats 3
 	$(BIN)/python benchmarks/bench_debug.py
 	$(BIN)/python benchmarks/bench_scale.py

@@ -407,6 +407,30 @@ def pipeline_run(run_dir: Path, p: int = 4, m: int = 4, steps: int = 6) -> str:
     return run.run_id
 
 
+def straggler_run(run_dir: Path, world: int = 4, steps: int = 60) -> str:
+    """A finished 4-rank DDP run in which rank 2 waits 32 ms a step for its DataLoader (the others wait for it in
+    the all-reduce), its straggler named by the kernel's own StragglerWatch over 1 s windows, written with the
+    kernel's own run log."""
+    from jdist.metrics import Run, RunLog, new_run_id
+    from jdist.metrics.stragglers import StragglerWatch
+
+    run = Run(new_run_id(), world, backend="ddp", code="# rank 2 waits for data", started=time.time() - 60)
+    log = RunLog(run, run_dir)
+    watch = StragglerWatch(world, window_s=1.0, flagged=run.stragglers)
+    watch.poll(0.0)
+    for start in range(0, steps, 20):
+        recs = [{"rank": r, "cell": 1, "seq": s, "step": s, "time": run.started + s * 0.046, "loss": 1.0 / (s + 1),
+                 "step_time_s": 0.046, "comm_time_s": 0.0107 if r == 2 else 0.044,
+                 "data_time_s": 0.032 if r == 2 else 0.0004} for s in range(start, start + 20) for r in range(world)]
+        log.append(run.add(recs))
+        watch.add(recs)
+        watch.poll(1.0 + start / 20)
+    run.status, run.ended = "finished", time.time()
+    log.close()
+    assert [s.rank for s in run.stragglers] == [2]
+    return run.run_id
+
+
 def open_run(page, lab, run_id: str) -> None:
     """Load JupyterLab, show the Distributed sidebar until run ``run_id``'s card is visible in it (the
     restored layout may show the file browser over a sidebar activated before it), and open the run view.
@@ -481,5 +505,25 @@ def test_a_256_rank_run_reads_in_the_run_view(lab, browser):
         view.locator(".jp-jdist-chart-slowest").scroll_into_view_if_needed()
         settle(page)
         shot(page, "8-run-view-256-ranks.png")
+    finally:
+        page.close()
+
+
+def test_a_straggler_is_named_with_its_cause_in_the_run_views_slowest_ranks_table(lab, browser):
+    """Four ranks (the table is shown on any number once a rank is named): the straggler first, its data-wait
+    share and flag, the named line under the table."""
+    run_id = straggler_run(lab.dirs["runs"])
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    try:
+        open_run(page, lab, run_id)
+        table = page.locator(".jp-jdist-runview .jp-jdist-chart-slowest")
+        table.locator("g.jp-jdist-table-row").first.wait_for(timeout=30_000)
+        first = table.locator("g.jp-jdist-table-row").first.locator("text").all_text_contents()
+        assert first[0] == "r2" and first[-2:] == ["70%", "straggler (data)"], first
+        note = table.locator(".jp-jdist-table-note").text_content()
+        assert note.startswith("straggler: rank 2, ") and ", waiting for data; median " in note, note
+        table.scroll_into_view_if_needed()
+        settle(page)
+        shot(page, "10-run-view-straggler.png")
     finally:
         page.close()

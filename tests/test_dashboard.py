@@ -598,7 +598,7 @@ def heat_bytes(p: dict) -> list[list[int]]:
 def test_beyond_16_ranks_the_slowest_ranks_table_names_the_stragglers_and_their_hosts():
     run = wide_run()
     table = panel(run, "slowest")
-    assert table["kind"] == "table" and table["columns"] == ["rank", "host", "step time", "vs median", "communication",
+    assert table["kind"] == "table" and table["columns"] == ["rank", "host", "step time", "vs median", "comm",
                                                              "data wait", "flag"]
     first, *rest = table["rows"]
     assert first[:2] == ["r37", "node04"] and first[3] == "+60%" and first[4] == "10%"

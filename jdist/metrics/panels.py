@@ -724,13 +724,15 @@ def slowest_panel(run: Run) -> BarDef | None:
     rows = [[f"r{r}", host or "-", f"{t * 1e3:.1f} ms", _slower(ratio, 1.0) if ratio == ratio else "-",
              f"{share:.0%}" if share is not None else "-",
              f"{data[r] / step[r]:.0%}" if r in data and step.get(r) else "-",
-             f"straggler: {named[r].cause}, {named[r].score:.1f}x" if r in named else ""]
+             f"straggler ({named[r].cause})" if r in named else ""]
             for r, host, t, ratio, share in slow]
-    if named:
-        note = "; ".join([*(s.line() for s in named.values()), *([note] if note else [])])
+    if named:  # (the whole line is in the summary)
+        note = "; ".join([*(f"straggler: rank {s.rank}, {s.score:.1f}x the others' time outside communication, "
+                            f"{'waiting for data' if s.cause == 'data' else 'in its own computation'}"
+                            for s in named.values()), *([note] if note else [])])
     return BarDef(TablePanel(key="slowest", kind="table", title="slowest ranks",
-                             columns=["rank", "host", "step time", "vs median", "communication", "data wait",
-                                      "flag"], rows=rows, note=note),
+                             columns=["rank", "host", "step time", "vs median", "comm", "data wait", "flag"],
+                             rows=rows, note=note),
                   summary=lambda r: [f"straggler: {s.line()}" for s in r.stragglers])
 
 
