@@ -18,6 +18,7 @@ from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
 
 from ..launch import RankDeath
+from .memory import memory_lines
 from .outcome import CellStatus, Observations, Outcome
 
 
@@ -175,6 +176,9 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         raise CellInterrupt(msg, *extra)
     if result.failed:
         assert result.outcome.first_failed is not None
+        oom = memory_lines(result.run, result.failed[result.outcome.first_failed])
+        if oom:  # (before the other notes: what took the memory is the cause)
+            extra = [*oom, *extra]
         released = [r for r in obs.released if r not in result.failed]
         raise RankError(result.failed, world_size, result.outcome.first_failed, extra, released=len(released),
                         dead_hint=dead_hint(frontend.restart) if frontend.restart else None)
