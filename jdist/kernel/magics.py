@@ -190,10 +190,12 @@ class DistributedMagics(Magics):
         return cluster
 
     @magic_arguments()
-    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach", "debug"],
+    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach", "debug",
+                                  "doctor"],
               help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
                    "set-up cells and restores the newest checkpoint); pull NAME; push NAME; attach RUN (the ranks "
-                   "of a jdist run --keep); debug: pdb on a failed cell's traceback (post-mortem).")
+                   "of a jdist run --keep); debug: pdb on a failed cell's traceback (post-mortem); doctor: what a "
+                   "bug report needs (versions, devices, environment, network, clocks, collectives), saved too.")
     @argument("name", nargs="?", default=None, help="Variable name for pull/push; run id for attach.")
     @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
     @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself); "
@@ -216,6 +218,9 @@ class DistributedMagics(Magics):
                                prefix), with the script's globals; they are this kernel's from then on
         ``%dist debug``        after a failed cell: pdb on the traceback of the rank that failed
                                first (``--rank R``, ``--ranks 0,1``), typed in the notebook; ``q`` ends
+        ``%dist doctor``       one report for a bug report: every rank's versions, libraries, devices,
+                               environment, network, clock offset and newest collectives; saved in the
+                               run folder
         """
         args = parse_line(self.dist, line)
         if args.command in ("pull", "push") and not args.name:
@@ -263,6 +268,12 @@ class DistributedMagics(Magics):
             debug.post_mortem(cluster, ranks, input, _say)
         except RemoteError as exc:
             raise usage_error(f"%dist debug: {remote_errors(exc)}") from None
+
+    def _dist_doctor(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
+        from .doctor import doctor
+
+        text, path = doctor(cluster)
+        _say(f"{text}\n(saved: {path})")
 
     def _dist_status(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         _say(format_status(cluster.status()))

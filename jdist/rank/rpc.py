@@ -36,6 +36,13 @@ def set_owner(pid: int) -> None:
     process.set_owner(pid)
 
 
+def doctor() -> dict[str, Any]:
+    """This rank's facts for a bug report (:func:`jdist.rank.doctor.rank_facts`)."""
+    from .doctor import rank_facts
+
+    return rank_facts()
+
+
 def cell_ranks(ranks: list[int]) -> None:
     """The next cell runs on ``ranks`` only (``--targets``): until its end, collectives on groups with other
     ranks are refused (:mod:`jdist.rank.collectives`)."""
