@@ -27,3 +27,20 @@ def test_dist_doctor_reports_every_rank_and_saves_the_report(cluster_kernel):
     assert "stacks: rank 0: idle; rank 1: idle" in text
     saved = Path(re.search(r"\(saved: (\S+)\)", text).group(1))
     assert saved.read_text().strip() == text.split("\n(saved: ")[0].strip()
+
+
+@pytest.mark.cluster
+def test_jdist_doctor_starts_the_ranks_prints_the_report_and_stops_them(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jdist", "doctor", "-n", "2"], capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "JDIST_RUN_DIR": str(tmp_path)}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("jdist doctor: cluster ") and "rank 1 " in out.stdout, out.stdout
+    saved = list(tmp_path.glob("doctor-*.txt"))
+    assert len(saved) == 1 and saved[0].read_text() == out.stdout and f"saved: {saved[0]}" in out.stderr
+    bad = subprocess.run([sys.executable, "-m", "jdist", "doctor", "-n", "0"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("jdist: error: "), bad.stderr

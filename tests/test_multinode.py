@@ -336,6 +336,11 @@ def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
     assert '"hosts": {\n  "0": "node1"' in (run_dir / "meta.json").read_text()
     status = strip_ansi(login.run("%dist status").stdout)
     assert re.search(r"node1", status) and re.search(r"node2", status), status
+    doctor = login.run("%dist doctor").stdout  # each host's interfaces, the one the group uses, its clock
+    assert re.search(r"ranks: rank 0 node1 pid \d+ cpu, rank 1 node2 pid \d+ cpu", doctor), doctor
+    for node, iface in (("node1", "jdtb1"), ("node2", "jdtb2")):
+        assert re.search(rf"network, host {node}: .*{iface} [\d.]+.*; the process group's interface: {iface}", doctor)
+    assert re.search(r"clocks against the kernel's: node1 [+-][\d.]+ ms \(\+-[\d.]+ ms\), node2 [+-][\d.]+ ms", doctor)
     print(f"\n--hosts 2 nodes x 1 rank: {ready(out)}, start+cell {out.elapsed:.1f} s")
     # the cluster stays for the tests below (SHARED); the killed-rank test stops it
 

@@ -365,15 +365,21 @@ for i in range(20):
     out = model(X[i * 8:(i + 1) * 8])
     loss = nn.functional.mse_loss(out.float(), Y[i * 8:(i + 1) * 8])
     jdist.backward(loss); opt.step(); opt.zero_grad(); losses.append(loss.item())
+timer, sent = jdist.rank.session().timer, []
+for i in range(2):  # the bytes of one step's all-gathers and reduce-scatters (the records' comm_bytes)
+    timer.take_sent()
+    jdist.backward(nn.functional.mse_loss(model(X[:8]).float(), Y[:8])); opt.zero_grad()
+    sent.append(timer.take_sent())
 errors = []
 for kwargs in ({"cpu_offload": True}, {"wrap": True}):
     try:
         jdist.prepare(make_model(), **kwargs)
     except Exception as exc:
         errors.append(str(exc))
-result = dict(sharded=sharded, out=str(out.dtype), learned=losses[-1] < losses[0], errors=errors)
+result = dict(sharded=sharded, out=str(out.dtype), learned=losses[-1] < losses[0], errors=errors, sent=sent)
 ''')
     r = _pull(cluster, "result")[0]
+    assert r["sent"][0] > 0 and r["sent"][0] == r["sent"][1], r["sent"]
     assert r["sharded"].count("FSDPLinear") == 3 and r["sharded"][0] == "FSDPSequential"
     assert r["out"] == "torch.bfloat16" and r["learned"]  # FSDP's own mixed precision: bf16 compute
     assert "these ranks already run on the CPU" in r["errors"][0] and "--gpus N" in r["errors"][0]

@@ -6,7 +6,8 @@ cell supervisor (:mod:`jdist.kernel`). Commands:
 
 * ``jdist run [options] script.py [args...]``: :mod:`jdist.cli.run`;
 * ``jdist runs``, ``jdist show [RUN]``, ``jdist watch [RUN]``: :mod:`jdist.cli.runs`;
-* ``jdist clusters``, ``jdist stop CLUSTER``: :mod:`jdist.cli.clusters`.
+* ``jdist clusters``, ``jdist stop CLUSTER``: :mod:`jdist.cli.clusters`;
+* ``jdist doctor [cluster options]``: the ranks started, ``%dist doctor``'s report, the ranks stopped.
 
 ``python -m jdist ...`` is the same. Example::
 
@@ -69,6 +70,17 @@ def parser() -> argparse.ArgumentParser:
     for sp in (runs, show, watch):
         sp.add_argument("--run-dir", default=None, metavar="DIR",
                         help="The run log (default: $JDIST_RUN_DIR or <jupyter data dir>/jdist/runs).")
+    doctor = sub.add_parser("doctor", help="Start the ranks and print what a bug report needs (as %%%%dist doctor).",
+                            description="Start the ranks as jdist run would (the cluster options of %%%%distributed), "
+                                        "print each rank's versions, libraries, devices, environment, network, clock "
+                                        "offset and collectives, save the report in the run log, and stop.")
+    from jdist.plugins import option_table
+
+    table = option_table()
+    for opt in table.cluster:
+        flags, kwargs = opt.argparse()
+        kwargs["help"] = opt.help if table.refusal(SCRIPT, opt.name) is None else argparse.SUPPRESS
+        doctor.add_argument(*flags, **kwargs)
     clusters = sub.add_parser("clusters", help="The running jdist clusters (notebooks' and jdist run's).")
     clusters.add_argument("--json", action="store_true", help="One JSON object per cluster.")
     stop = sub.add_parser("stop", help="End a cluster that a jdist run owns (SIGTERM to it).")
@@ -103,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if program:
             exit_within(EXIT_BOUND_S, code, _say)
         return code
+    if args.command == "doctor":
+        from .run import doctor_command
+
+        return doctor_command(args, _say)
     from . import clusters, runs
 
     command = {"runs": runs.list_command, "show": runs.show_command, "watch": runs.watch_command,

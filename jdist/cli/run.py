@@ -299,6 +299,44 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                     pass
 
 
+def doctor_command(args: Any, say: Callable[[str], None]) -> int:
+    """``jdist doctor``: start the ranks with the cluster options in ``args``, print and save
+    :func:`jdist.kernel.doctor.doctor`'s report, stop them; the exit code."""
+    from jdist.errors import ClusterError
+    from jdist.kernel.cluster import ClusterSession
+    from jdist.kernel.doctor import doctor
+    from jdist.kernel.probes import probe
+    from jdist.plugins import option_table
+
+    from .frontend import SCRIPT
+
+    table = option_table()
+    try:
+        table.refuse_given(SCRIPT, vars(args))
+        plan = table.plan(table.requested(args), None, False)
+        probe(plan.config)
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    cluster = ClusterSession(plan.config)
+    try:
+        try:
+            cluster.start(say)
+        except KeyboardInterrupt:
+            say("interrupted while starting the ranks")
+            return 130
+        except (ClusterError, OSError, RuntimeError) as exc:
+            lines = exc.lines if isinstance(exc, ClusterError) else [f"{type(exc).__name__}: {exc}"]
+            say("error: the launch failed: " + "\n".join(lines))
+            return EXIT_LAUNCH
+        text, path = doctor(cluster)
+        print(text, flush=True)
+        say(f"saved: {path}")
+        return EXIT_OK
+    finally:
+        stop_within(cluster.stop, STOP_BOUND_S, say)
+
+
 def stop_within(stop: Callable[[], None], seconds: float, say: Callable[[str], None]) -> bool:
     """Call ``stop`` (the cluster's) for at most ``seconds``; True when it returned. Past that, one line
     says so and the caller goes on to exit: the ranks end themselves when their owner (this process) is

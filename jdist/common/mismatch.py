@@ -26,11 +26,22 @@ from .stacks import Collective
 _LINE = re.compile(r"\((cell line \d+|[^()]*:\d+)\)\s*$")
 
 
-def _spans(ranks: Sequence[int]) -> str:
+def spans(ranks: Sequence[int]) -> str:
+    """Ranks as runs of three or more: ``0-3``, ``0, 2``, ``1-3, 5``.
+
+    >>> spans([0, 1, 2, 3]), spans([0, 2]), spans([1, 2, 3, 5])
+    ('0-3', '0, 2', '1-3, 5')
+    """
+    out: list[str] = []
     ranks = sorted(ranks)
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}-{ranks[j]}" if j > i + 1 else ", ".join(map(str, ranks[i:j + 1])))
+        i = j + 1
+    return ", ".join(out)
 
 
 def mismatch_lines(latest: Mapping[int, Sequence[Collective]], where: Mapping[int, str],
@@ -58,14 +69,14 @@ def mismatch_lines(latest: Mapping[int, Sequence[Collective]], where: Mapping[in
             c = by_rank[ranks[0]]
             places = {m.group(1) for r in ranks if (m := _LINE.search(where.get(r, "")))}
             place = f" at {places.pop()}" if len(places) == 1 else ""
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_spans(ranks)}"
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {spans(ranks)}"
             verb = ("finished" if all(by_rank[r].done for r in ranks) else
                     ("is in" if len(ranks) == 1 else "are in"))
             parts.append(f"{who} {verb} {c.what()}{place}")
         name = "the default group" if group == tuple(range(world_size)) else "a group"
-        lines.append(f"collective mismatch on {name} (ranks {_spans(group)}): {'; '.join(parts)} "
+        lines.append(f"collective mismatch on {name} (ranks {spans(group)}): {'; '.join(parts)} "
                      "(the ranks' newest collectives, from c10d's Flight Recorder)")
     return lines
 
 
-__all__ = ["mismatch_lines"]
+__all__ = ["mismatch_lines", "spans"]

@@ -47,8 +47,9 @@ CORE_METRICS: dict[str, str] = {
     "comm_bytes": "bytes of the tensors the step's collectives carried, counted as they ran (every step, also "
     "those whose comm_time_s was not sampled): a DDP's gradient buckets as its all-reduce sends them (compressed "
     "under jdist.prepare(compression=...)), and with --auto-metrics the torch.distributed collectives' inputs "
-    "(FSDP2's all-gathers and reduce-scatters, the script's own); not counted: DTensor's functional collectives, "
-    "pipeline sends, Horovod, a comm hook of the script's own; None where nothing is timed (torchrun's group)",
+    "(FSDP2's all-gathers and reduce-scatters, the script's own), and --backend fsdp's; not counted: DTensor's "
+    "functional collectives, pipeline sends, Horovod, DeepSpeed, a comm hook of the script's own; None where "
+    "nothing is timed (torchrun's group)",
     "data_time_s": "seconds within the step the rank waited for its next batch: time in the __next__ of every "
     "torch DataLoader iterator (a prepared loader's too), with --auto-metrics; None without",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",

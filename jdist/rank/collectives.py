@@ -20,25 +20,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from jdist.common.mismatch import spans
 from jdist.common.stacks import Collective
-
-
-def spans(ranks: Sequence[int]) -> str:
-    """Ranks as runs: ``0-3``, ``0, 2``, ``1-2, 5``.
-
-    >>> spans([0, 1, 2, 3]), spans([0, 2]), spans([1, 2, 3, 5])
-    ('0-3', '0, 2', '1-3, 5')
-    """
-    out: list[str] = []
-    ranks = sorted(ranks)
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(f"{ranks[i]}-{ranks[j]}" if j > i + 1 else ", ".join(map(str, ranks[i:j + 1])))
-        i = j + 1
-    return ", ".join(out)
 
 
 def check_cell_ranks(what: str, group_name: str, group_ranks: Sequence[int], cell_ranks: Sequence[int]) -> None:
@@ -135,4 +118,4 @@ def latest_collectives() -> tuple[Collective, ...]:
     return tuple(out)
 
 
-__all__ = ["FR_ENTRIES", "check_cell_ranks", "check_group", "enable_flight_recorder", "latest_collectives", "spans"]
+__all__ = ["FR_ENTRIES", "check_cell_ranks", "check_group", "enable_flight_recorder", "latest_collectives"]

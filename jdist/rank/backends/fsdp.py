@@ -21,7 +21,7 @@ from typing import Any
 
 from ..mesh.checkpoint import load_sharded, save_sharded
 from ..mesh.dims import DIMS
-from .base import CommTimer, timed_call
+from .base import TIMING, CommTimer, timed_call
 from .torch_group import TorchBackend
 
 #: Option names accepted by ``jdist.prepare(model, ...)`` under ``--backend fsdp``.
@@ -238,6 +238,8 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
             call = super().__call__
+            if self.timer is not None and not TIMING[0]:  # (the records' comm_bytes)
+                self.timer.sent(input_tensor.numel() * input_tensor.element_size())
             return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, async_op), async_op,
                               DIMS.of(group) if DIMS.order else None)
 
@@ -247,6 +249,8 @@ def _timed_comm_classes() -> tuple[type, type]:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
             call = super().__call__
+            if self.timer is not None and not TIMING[0]:
+                self.timer.sent(input_tensor.numel() * input_tensor.element_size())
             return timed_call(self.timer, self.kind, lambda: call(output_tensor, input_tensor, group, op, async_op),
                               async_op, DIMS.of(group) if DIMS.order else None)
 
