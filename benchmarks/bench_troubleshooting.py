@@ -10,7 +10,7 @@ the paired difference as a share of the step, beside the target (<= 1 % at ~10 m
 
 The Flight Recorder is set when a process group is made (``TORCH_FR_BUFFER_SIZE``), so it is measured across
 processes: the same DDP loop (and 2000 all-reduces of 10 floats) in a fresh one-rank process with
-``TORCH_FR_BUFFER_SIZE=0`` and ``=256`` (jdist's), pinned to the same core, the two interleaved over ``--rounds``
+``TORCH_FR_BUFFER_SIZE=0`` and ``=64`` (jdist's), pinned to the same core, the two interleaved over ``--rounds``
 rounds; the table gives the median of each and the median of the rounds' paired differences.
 
 Usage::
@@ -114,16 +114,16 @@ dist.destroy_process_group()
 
 
 def flight_recorder(width: int, steps: int, rounds: int) -> dict[str, Any]:
-    got: dict[str, list[list[float]]] = {"0": [], "256": []}
+    got: dict[str, list[list[float]]] = {"0": [], "64": []}
     for round_ in range(rounds):
-        for size in (("0", "256") if round_ % 2 else ("256", "0")):
+        for size in (("0", "64") if round_ % 2 else ("64", "0")):
             out = subprocess.run([sys.executable, "-c", FR_LOOP, str(width), str(steps)], capture_output=True,
                                  text=True, timeout=600, env={**os.environ, "TORCH_FR_BUFFER_SIZE": size}, check=True)
             got[size].append(json.loads(out.stdout.strip().splitlines()[-1]))
     result = {}
     for i, name in ((0, "step"), (1, "all_reduce")):
         off = [g[i] for g in got["0"]]
-        on = [g[i] for g in got["256"]]
+        on = [g[i] for g in got["64"]]
         paired = statistics.median(b - a for a, b in zip(off, on))
         result[name] = (statistics.median(off), statistics.median(on), paired, paired / statistics.median(off))
     return result
@@ -155,7 +155,7 @@ def main() -> None:
         print(f"{label:<24} {1e3 * r['off']:>7.3f} ms {1e3 * r['on']:>7.3f} ms {1e6 * r['paired']:>+7.1f} µs "
               f"{r['share']:>+7.2%}  {target:<7}  {ok}")
     dist.destroy_process_group()
-    print(f"\nFlight Recorder (TORCH_FR_BUFFER_SIZE 0 against 256): one gloo rank on one core, a fresh process each, "
+    print(f"\nFlight Recorder (TORCH_FR_BUFFER_SIZE 0 against 64): one gloo rank on one core, a fresh process each, "
           f"{args.rounds} rounds of both, {args.steps} DDP steps and 2000 all-reduces of 10 floats each\n")
     print(f"{'model':<24} {'':<11} {'off':>10} {'on':>10} {'paired':>10} {'share':>8}  target   ok")
     for width, label in ((128, "MLP width 128"), (1800, "MLP width 1800")):

@@ -19,7 +19,7 @@ def test_dist_doctor_reports_every_rank_and_saves_the_report(cluster_kernel):
     assert re.search(r"ranks: rank 0 \S+ pid \d+ cpu, rank 1 \S+ pid \d+ cpu; backend ddp", text), text
     assert f"torch {torch.__version__}" in text and "gloo in torch" in text and "mpi MPICH" in text, text
     assert re.search(r"environment \(per rank\): rank 0: .*RANK=0.*; rank 1: .*RANK=1", text), text
-    assert "TORCH_FR_BUFFER_SIZE=256" in text  # (the Flight Recorder, on for every rank)
+    assert "TORCH_FR_BUFFER_SIZE=64" in text  # (the Flight Recorder, on for every rank)
     assert "the process group's interface: lo" in text
     assert re.search(r"clocks against the kernel's: \S+ [+-]\d+\.\d ms \(\+-\d+\.\d ms\)", text), text
     assert re.search(r"rank 0: all_reduce #\d+ of float32\[3\] on ranks 0,1; rank 1: all_reduce #\d+ of "

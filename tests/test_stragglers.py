@@ -60,6 +60,17 @@ def test_ranks_with_jitter_and_too_few_steps_are_not_named():
     assert SLOW > 1.2  # (the jitter above stays under it)
 
 
+def test_a_pipelines_stages_are_compared_within_each_stage():
+    # 4 ranks, 2 stages (pp x dp = 2 x 2): stage 1 works twice as long as stage 0 by design; within stage 1,
+    # rank 3 is the slow one
+    watch = StragglerWatch(4, window_s=1.0)
+    for second in range(4):
+        watch.add([{"rank": r, "step_time_s": 0.1, "comm_time_s": 0.1 - w, "pp_stage": r // 2}
+                   for _ in range(5) for r, w in {0: 0.02, 1: 0.02, 2: 0.04, 3: 0.08}.items()])
+        watch.poll(float(second))
+    assert [(s.rank, round(s.score, 1)) for s in watch.flagged] == [(3, 2.0)]  # not rank 2 (0.04 vs 0.02)
+
+
 def test_the_slowest_ranks_table_shows_a_straggler_first_with_its_cause_on_a_few_ranks():
     run = Run("x", 4)
     run.add([{"rank": r, "seq": s, "step": s, "step_time_s": 0.1, "comm_time_s": 0.02 if r == 2 else 0.08,

@@ -119,6 +119,7 @@ class StragglerWatch:
         self._streak = np.zeros(self.world_size, dtype=np.int64)
         self._best = np.full(self.world_size, np.inf)
         self._named: set[int] = set()
+        self._stage: dict[int, int] = {}  # rank -> its pipeline stage (pp_stage): compared with its stage's only
 
     def add(self, records: Any) -> None:
         """A batch of records (a :class:`~jdist.metrics.store.RecordBatch` or record dicts)."""
@@ -133,6 +134,11 @@ class StragglerWatch:
         if not keep.any():
             return
         rank, step = rank[keep], cols["step_time_s"][keep]
+        if "pp_stage" in cols:  # (a pipeline's stages do different work: a rank is compared with its stage's)
+            stages = cols["pp_stage"][keep]
+            for r, st in zip(rank.tolist(), stages.tolist()):
+                if st == st:
+                    self._stage[r] = int(st)
         w, size = self._window, self.world_size
         w.n += np.bincount(rank, minlength=size)
         w.step += np.bincount(rank, weights=step, minlength=size)
@@ -167,7 +173,11 @@ class StragglerWatch:
                         if getattr(w, f"{name}_step")[r] > 0} for name in ("comm", "data")}
         found = []
         for r in ranks:
-            others = [work[o] for o in ranks if o != r]
+            stage = self._stage.get(r)
+            others = [work[o] for o in ranks if o != r and self._stage.get(o) == stage]
+            if not others:  # (the only rank of its pipeline stage: nothing alike to compare with)
+                self._streak[r] = 0
+                continue
             median = statistics.median(others)
             score = work[r] / median if median > 0 else math.inf if work[r] > 0 else 1.0
             self._best[r] = min(self._best[r], work[r])
