@@ -126,25 +126,36 @@ def test_status_shows_a_running_rank_busy(cluster):
 
 
 def test_stacks_are_samples_and_faulthandler_only_for_a_rank_that_holds_the_gil(cluster, tmp_path):
-    """Rank 0 runs Python: its stack is its sample, read under the GIL. Rank 1 holds the GIL in C (a builtin
-    summing a range: the busier the machine, the longer) so its guard's thread cannot sample it: faulthandler
-    dumps it (SIGUSR1), which reads the frames without the GIL and so is never asked of a rank whose threads may
-    be running Python (it crashed ranks: docs/reliability.md). Rank 0 runs until the stacks are taken: under the
-    suite's load the cell's first output once reached the kernel after a fixed 4 s loop had ended."""
-    done = tmp_path / "stacks-taken"
-    code = ("import os, time\nprint('running', flush=True)\n"
-            "def in_c():\n    sum(range(3 * 10**8))\n"
-            f"def in_python():\n    t = time.time()\n    while not os.path.exists({str(done)!r}) and time.time() - t < 60:\n"
+    """Rank 0 runs Python: its stack is its sample, read under the GIL. Rank 1 holds the GIL in C (a read() of a
+    FIFO called through ctypes.PyDLL, which keeps the GIL, until the test writes to it after taking the stacks) so
+    its guard's thread cannot sample it: faulthandler dumps it (SIGUSR1), which reads the frames without the GIL
+    and so is never asked of a rank whose threads may be running Python (it crashed ranks: docs/reliability.md).
+    Both run until the stacks are taken (a builtin summing a range ended before them, on a faster machine)."""
+    done, fifo = tmp_path / "stacks-taken", tmp_path / "release-rank-1"
+    os.mkfifo(fifo)
+    # (each says it runs with a file: output would wait for ipykernel's IO thread, which needs the GIL)
+    code = ("import ctypes, os, time\n"
+            f"def ready():\n    open(os.path.join({str(tmp_path)!r}, f'ready-{{rank}}'), 'w').close()\n"
+            f"def in_c():\n    fd = os.open({str(fifo)!r}, os.O_RDWR)\n    ready()\n"
+            "    ctypes.PyDLL(None).read(fd, ctypes.create_string_buffer(1), 1)\n    os.close(fd)\n"
+            f"def in_python():\n    ready()\n    t = time.time()\n"
+            f"    while not os.path.exists({str(done)!r}) and time.time() - t < 60:\n"
             "        sum(range(1000))\n"
             "in_c() if rank == 1 else in_python()")
     for rank in (0, 1):
         (cluster.work_dir / f"rank-{rank}.txt").write_text("")  # faulthandler's file (the rank appends to it)
     ar = cluster.execute(code)
     try:
-        wait_for(lambda: all("running" in out for out in ar.stdout), what="the cell running on both ranks")
+        wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), what="the cell running on both ranks")
         stacks = cluster.stacks([0, 1])
     finally:
         done.touch()
+        try:  # (rank 1 has the FIFO open once it is ready; else nothing waits on it)
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"x")
+            os.close(fd)
+        except OSError:
+            pass
     cells = {r: [func for path, _, func in frames if "/ipykernel_" in path] for r, frames in stacks.items()}
     assert cells[0][:2] == ["in_python", "<module>"] and cells[1][:2] == ["in_c", "<module>"], (cells, stacks[1])
     assert not (cluster.work_dir / "rank-0.txt").read_text() and (cluster.work_dir / "rank-1.txt").read_text()
