@@ -208,7 +208,6 @@ def _show_display(content: dict[str, Any]) -> None:
 def run(args: Any, say: Callable[[str], None]) -> int:
     """``jdist run`` with parsed ``args`` (the option table's, plus ``script``, ``script_args``,
     ``live``, ``every``); the exit code."""
-    from jdist.errors import ClusterError
     from jdist.kernel import sinks as kernel_sinks
     from jdist.kernel.cluster import ClusterSession
     from jdist.kernel.probes import probe
@@ -243,15 +242,9 @@ def run(args: Any, say: Callable[[str], None]) -> int:
     busy = False  # the ranks may still run code when the cluster stops
     with Signals(say) as signals:
         try:
-            try:
-                cluster.start(say)
-            except KeyboardInterrupt:
-                say("interrupted while starting the ranks")
-                return 130
-            except (ClusterError, OSError, RuntimeError) as exc:
-                lines = exc.lines if isinstance(exc, ClusterError) else [f"{type(exc).__name__}: {exc}"]
-                say("error: the launch failed: " + "\n".join(lines))
-                return EXIT_LAUNCH
+            failed = start(cluster, say)
+            if failed is not None:
+                return failed
             title = f"jdist run {script.name}"
             sup = CellSupervisor(cluster, script_code(script, list(args.script_args)), None, opts.output,
                                  sinks_for(opts, live, title, args.every), run_code=f"# $ {command}\n" + _text(script),
@@ -299,10 +292,26 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                     pass
 
 
+def start(cluster: Any, say: Callable[[str], None]) -> int | None:
+    """Start ``cluster``'s ranks; None, or the exit code of a start that failed (said in one line) or was
+    interrupted."""
+    from jdist.errors import ClusterError
+
+    try:
+        cluster.start(say)
+    except KeyboardInterrupt:
+        say("interrupted while starting the ranks")
+        return 130
+    except (ClusterError, OSError, RuntimeError) as exc:
+        lines = exc.lines if isinstance(exc, ClusterError) else [f"{type(exc).__name__}: {exc}"]
+        say("error: the launch failed: " + "\n".join(lines))
+        return EXIT_LAUNCH
+    return None
+
+
 def doctor_command(args: Any, say: Callable[[str], None]) -> int:
     """``jdist doctor``: start the ranks with the cluster options in ``args``, print and save
     :func:`jdist.kernel.doctor.doctor`'s report, stop them; the exit code."""
-    from jdist.errors import ClusterError
     from jdist.kernel.cluster import ClusterSession
     from jdist.kernel.doctor import doctor
     from jdist.kernel.probes import probe
@@ -320,15 +329,9 @@ def doctor_command(args: Any, say: Callable[[str], None]) -> int:
         return EXIT_USAGE
     cluster = ClusterSession(plan.config)
     try:
-        try:
-            cluster.start(say)
-        except KeyboardInterrupt:
-            say("interrupted while starting the ranks")
-            return 130
-        except (ClusterError, OSError, RuntimeError) as exc:
-            lines = exc.lines if isinstance(exc, ClusterError) else [f"{type(exc).__name__}: {exc}"]
-            say("error: the launch failed: " + "\n".join(lines))
-            return EXIT_LAUNCH
+        failed = start(cluster, say)
+        if failed is not None:
+            return failed
         text, path = doctor(cluster)
         print(text, flush=True)
         say(f"saved: {path}")
