@@ -47,3 +47,15 @@ def test_a_collective_mismatch_is_said_with_both_sides_and_their_cell_lines(four
     assert line.endswith("(the ranks' newest collectives, from c10d's Flight Recorder)"), line
     out = four.run("%%distributed --output all\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())")
     assert out.stdout.count("sum 4.0") == 4, out.stdout  # the group re-made after the release works
+
+
+@pytest.mark.parametrize("call", ["dist.barrier()", "dist.all_reduce(torch.ones(3))"])
+def test_a_collective_that_ranks_which_finished_the_cell_never_called_fails_within_2_s(four, call):
+    out = four.run(f"%%distributed\nx = 1\nif rank == 0:\n    {call}", allow_error=True, timeout=30)
+    assert out.elapsed < 2.5, out.elapsed  # not the watchdog's 3 s
+    op = call.split("(")[0].split(".")[1]
+    assert re.search(rf"collective left alone: rank 0 waits in {op} #\d+.* on the default group \(ranks 0-3\) at cell "
+                     r"line 3, which ranks 1-3 finished the cell without calling", out.shown), out.shown
+    assert "dist.new_group([0])" in out.shown and "(--watchdog)" not in out.shown, out.shown
+    out = four.run("%%distributed --output all\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())")
+    assert out.stdout.count("sum 4.0") == 4, out.stdout

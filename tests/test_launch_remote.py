@@ -290,3 +290,36 @@ def test_segments_are_removed_when_the_launcher_kills_the_whole_process_group(tm
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_shell_around_a_rank_says_oom_when_its_hosts_oom_kill_count_rose_while_it_ran(tmp_path):
+    """The real shell text (REMOTE_WRAPPER) around a process that SIGKILLs itself, with /proc/vmstat's count read
+    through a ``sed`` on PATH that counts up once, as the kernel's does when its OOM killer acts; then the death
+    report of such an exit line."""
+    import os
+    import shutil
+    import stat
+
+    from jdist.kernel.launch.remote import EXIT_LINE, REMOTE_WRAPPER
+
+    real = shutil.which("sed")
+    sed = tmp_path / "sed"  # of /proc/vmstat, the first read (at the start) says 4, later ones 5
+    sed.write_text(f'#!/bin/sh\ncase "$*" in *" /proc/vmstat") ;; *) exec {real} "$@";; esac\n'
+                   f'if [ -f {tmp_path}/read ]; then echo 5; else touch {tmp_path}/read; echo 4; fi\n')
+    sed.chmod(sed.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PMI_RANK": "1", "TMPDIR": str(tmp_path)}
+    out = subprocess.run(["/bin/sh", "-c", REMOTE_WRAPPER, "jdist-rank", sys.executable, "-c",
+                          "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                         env=env, capture_output=True, timeout=30)
+    lines = [m.group(0).strip() for m in EXIT_LINE.finditer(out.stdout)]
+    assert lines == [b"jdist-rank-exit 1 137 oom"], out
+    again = subprocess.run(out.args, env=env, capture_output=True, timeout=30)  # the count stays at 5: no oom
+    assert [m.group(0).strip() for m in EXIT_LINE.finditer(again.stdout)] == [b"jdist-rank-exit 1 137"], again
+    launcher, proc = launcher_with_output(tmp_path, b"jdist-rank-exit 1 137 oom\n")
+    try:
+        report = launcher.death(launcher.deaths(), wait=0.2)
+        assert report.oom and report.cause.startswith("killed by the out-of-memory killer (its host, or a memory "
+                                                      "limit"), report
+    finally:
+        proc.kill()
+        proc.wait()

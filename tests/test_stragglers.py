@@ -13,12 +13,13 @@ from jdist.metrics.stragglers import MIN_STEPS, SLOW, StragglerWatch
 
 
 def window(watch: StragglerWatch, second: int, work: dict[int, float], data: dict[int, float] | None = None,
-           step: float = 0.1, steps: int = 5) -> list:
+           step: float = 0.1, steps: int = 5, wait: dict[int, float] | None = None) -> list:
     """One second of synchronous steps: every rank's step is ``step`` long, its ``work[r]`` outside
-    communication (``data[r]`` of it waiting for data), the rest waiting for the slowest in the all-reduce."""
-    data = data or {}
-    watch.add([{"rank": r, "step_time_s": step, "comm_time_s": step - w, "data_time_s": data.get(r, 0.0)}
-               for _ in range(steps) for r, w in work.items()])
+    communication (``data[r]`` of it waiting for data), the rest waiting for the slowest in the all-reduce;
+    ``wait[r]``: the seconds of its step it waited for a CPU (0 by default)."""
+    data, wait = data or {}, wait or {}
+    watch.add([{"rank": r, "step_time_s": step, "comm_time_s": step - w, "data_time_s": data.get(r, 0.0),
+                "cpu_wait_s": wait.get(r, 0.0)} for _ in range(steps) for r, w in work.items()])
     return watch.poll(float(second))
 
 
@@ -43,6 +44,22 @@ def test_the_cause_is_data_when_the_rank_waits_for_its_batches():
     assert s.cause == "data" and s.rank == 1
     assert s.line().endswith("it waits for data 60% of its step, the others 0%; they wait for it in communication "
                              "80% of theirs. Cause: waiting for data (its DataLoader)."), s.line()
+
+
+def test_the_cause_is_host_load_when_the_rank_waits_for_a_cpu():
+    watch = StragglerWatch(4, window_s=1.0, hosts={3: "node2"})
+    for second in range(3):  # rank 3's own work is as short as the others', but it waits 60 ms for a CPU
+        found = window(watch, second, {r: 0.02 for r in range(4)}, wait={3: 0.06, 0: 0.002, 1: 0.002, 2: 0.002})
+    assert [(s.rank, s.cause) for s in found] == [(3, "host load")]
+    line = found[0].line()
+    assert line.startswith("rank 3 (node2) is slower than the others: 3.6x their median time outside communication "
+                           "or waiting for a CPU"), line
+    assert "it waits for a CPU 60% of its step (runnable, its core taken), the others 2%" in line, line
+    assert line.endswith("Cause: host load (other processes on node2, or CPU steal, take its cores)."), line
+    watch = StragglerWatch(4, window_s=1.0)
+    for second in range(3):  # longer work and no wait: its own computation
+        found = window(watch, second, {r: 0.05 if r == 3 else 0.02 for r in range(4)})
+    assert [(s.rank, s.cause) for s in found] == [(3, "compute")]
 
 
 def test_ranks_with_jitter_and_too_few_steps_are_not_named():
@@ -119,6 +136,41 @@ def test_a_rank_waiting_for_its_dataloader_is_named_with_data_as_the_cause_and_a
     assert named == [(2, "data", 2)], named  # within 3 windows (named at the 2nd slow one)
     data = kernel.value("jdist.last_run().per_rank_mean('data_time_s', skip_first=True)")
     assert data[2] > 0.02 > max(data[r] for r in (0, 1, 3)), data  # the records' data_time_s
+    # rank 2 starved of CPU: alone on the second core with a busy process there, at nice 19 (the others on the
+    # first core): the same work, little CPU for it
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        return  # (one core: nothing to starve it against)
+    kernel.run("%%distributed\n" + STARVE)
+    try:
+        out = kernel.run("%%distributed\ntrain(slow_rank=None, seconds=5)")
+    finally:
+        kernel.run("%%distributed\nunstarve()")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("jdist: rank 2 is slower than the others: ")]
+    assert len(lines) == 1 and "it waits for a CPU " in lines[0], out.stdout
+    assert lines[0].endswith(", or CPU steal, take its cores)."), lines
+    assert kernel.value("[s.cause for s in jdist.last_run().stragglers]") == ["host load"]
+
+
+STARVE = """
+import os, subprocess, sys
+cores = sorted(os.sched_getaffinity(0))
+burner = None
+if len(cores) >= 2:
+    os.sched_setaffinity(0, {cores[1]} if rank == 2 else {cores[0]})
+    if rank == 2:
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(burner.pid, {cores[1]})
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+def unstarve():
+    os.sched_setaffinity(0, set(cores))
+    if burner is not None:
+        burner.kill(); burner.wait()
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except PermissionError:   # (not root: it stays at 19 until the cluster ends)
+            pass
+"""
 
 
 LOADER = """

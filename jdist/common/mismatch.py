@@ -79,4 +79,33 @@ def mismatch_lines(latest: Mapping[int, Sequence[Collective]], where: Mapping[in
     return lines
 
 
-__all__ = ["mismatch_lines", "spans"]
+def alone_line(waiting: Mapping[int, str], finished: Sequence[int], latest: Mapping[int, Sequence[Collective]],
+               world_size: int) -> str:
+    """The line for ranks left alone in a collective that ranks which finished the cell never called (``waiting``:
+    rank -> the hang report's "barrier (cell line 2)"; ``latest``: the ranks' newest collectives).
+
+    >>> from jdist.common.stacks import Collective
+    >>> latest = {0: (Collective((0, 1, 2, 3), 3, "barrier", (), (), False),)}
+    >>> print(alone_line({0: "barrier (cell line 2)"}, [1, 2, 3], latest, world_size=4))
+    collective left alone: rank 0 waits in barrier #3 on the default group (ranks 0-3) at cell line 2, which ranks 1-3 finished the cell without calling (c10d's Flight Recorder: their newest collective on the group, if any, is older). Every rank of a group must call each of its collectives: call it on every rank, or give the ranks that call it a group of their own (dist.new_group([0])).
+    """
+    ranks = sorted(waiting)
+    pending = [c for r in ranks for c in latest.get(r, ()) if not c.done and r in c.group]
+    who = f"rank {ranks[0]} waits" if len(ranks) == 1 else f"ranks {spans(ranks)} wait"
+    if pending:
+        c = pending[0]
+        name = "the default group" if c.group == tuple(range(world_size)) else "a group"
+        what = f"{c.what()} on {name} (ranks {spans(c.group)})"
+    else:
+        what = "a collective"
+    places = {m.group(1) for r in ranks if (m := _LINE.search(waiting.get(r, "")))}
+    place = f" at {places.pop()}" if len(places) == 1 else ""
+    gone = sorted(set(finished) & set(pending[0].group)) if pending else sorted(finished)
+    them = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {spans(gone)}"
+    return (f"collective left alone: {who} in {what}{place}, which {them} finished the cell without calling "
+            "(c10d's Flight Recorder: their newest collective on the group, if any, is older). Every rank of a group must "
+            "call each of its collectives: call it on every rank, or give the ranks that call it a group of their "
+            f"own (dist.new_group([{', '.join(map(str, ranks))}])).")
+
+
+__all__ = ["alone_line", "mismatch_lines", "spans"]

@@ -728,7 +728,8 @@ def slowest_panel(run: Run) -> BarDef | None:
             for r, host, t, ratio, share in slow]
     if named:  # (the whole line is in the summary)
         note = "; ".join([*(f"straggler: rank {s.rank}, {s.score:.1f}x the others' time outside communication, "
-                            f"{'waiting for data' if s.cause == 'data' else 'in its own computation'}"
+                            + {"data": "waiting for data", "host load": "starved of CPU (host load)"}.get(
+                                s.cause, "in its own computation")
                             for s in named.values()), *([note] if note else [])])
     return BarDef(TablePanel(key="slowest", kind="table", title="slowest ranks",
                              columns=["rank", "host", "step time", "vs median", "comm", "data wait", "flag"],

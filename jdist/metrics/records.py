@@ -54,6 +54,9 @@ CORE_METRICS: dict[str, str] = {
     "torch DataLoader iterator (a prepared loader's too), with --auto-metrics; None without",
     "mem_bytes": "CUDA memory allocated on GPU ranks; process RSS (host memory) on CPU ranks",
     "mem_peak_bytes": "peak CUDA memory allocated on GPU ranks; peak process RSS on CPU ranks",
+    "cpu_wait_s": "seconds the rank's training thread waited for a CPU (runnable while another process or thread "
+    "had its core: the kernel's run-queue delay, /proc/self/schedstat), read once per published batch and split "
+    "over its records; a straggler's host load; None where the kernel keeps no such count",
     "samples_per_s": "batch_size x batches since the previous log (training forwards of prepared models, at "
     "least 1) / step_time_s on this rank, when a batch size is known",
     "state_bytes": "bytes this rank holds of the prepared models' parameters and gradients and the prepared "

@@ -41,6 +41,8 @@ SLOW = 1.3
 WINDOWS = 2
 #: A rank's window counts only with at least this many records (steps) in it.
 MIN_STEPS = 3
+#: A straggler that waits for a CPU this share of its step more than the others is starved by its host's load.
+STARVED = 0.1
 
 
 @dataclass
@@ -59,37 +61,53 @@ class Straggler:
     others_comm_share: float | None
     best_ratio: float | None = None  # its work now / its best window's
     host: str = ""
+    #: The share of its step it waited for a CPU (``cpu_wait_s``: runnable, its core taken), and the others' median.
+    wait_share: float | None = None
+    others_wait_share: float | None = None
 
     @property
     def cause(self) -> str:
-        """``"data"`` when waiting for data is most of what it does more than the others, else ``"compute"``."""
+        """``"data"``, ``"host load"`` or ``"compute"``: what it does more of than the others, of waiting for data,
+        waiting for a CPU (other processes or CPU steal take its cores) and computing (the rest of its time
+        outside communication)."""
         data = (self.data_share or 0.0) - (self.others_data_share or 0.0)
+        wait = (self.wait_share or 0.0) - (self.others_wait_share or 0.0)
         compute = (self.compute_share or 0.0) - (self.others_compute_share or 0.0)
-        return "data" if data > 0 and data >= compute else "compute"
+        if data > 0 and data >= compute and data >= wait:
+            return "data"
+        if wait >= STARVED and wait >= compute:
+            return "host load"
+        return "compute"
 
     def line(self) -> str:
         """One line for the cell's output and the run's summary."""
         seconds = self.windows * self.window_s
         text = (f"rank {self.rank}{f' ({self.host})' if self.host else ''} is slower than the others: "
-                f"{self.score:.1f}x their median time outside communication for the last {seconds:g} s "
+                f"{self.score:.1f}x their median time outside communication"
+                f"{' or waiting for a CPU' if self.cause == 'host load' else ''} for the last {seconds:g} s "
                 f"({self.windows} windows of {self.window_s:g} s)")
         if self.best_ratio is not None and self.best_ratio >= 1.2:
             text += f", {self.best_ratio:.1f}x its own best window"
-        if self.data_share is not None:
+        if self.data_share is not None and (self.cause == "data" or self.data_share >= 0.01):
             text += f"; it waits for data {self.data_share:.0%} of its step, the others {self.others_data_share:.0%}"
-        if self.cause == "compute" and self.compute_share is not None:
+        cause = self.cause
+        if cause == "compute" and self.compute_share is not None:
             text += f"; it computes {self.compute_share:.0%} of its step, the others {self.others_compute_share:.0%}"
+        if cause == "host load":
+            text += (f"; it waits for a CPU {self.wait_share:.0%} of its step (runnable, its core taken), the others "
+                     f"{self.others_wait_share or 0.0:.0%}")
         if self.others_comm_share is not None:
             text += f"; they wait for it in communication {self.others_comm_share:.0%} of theirs"
-        cause = ("waiting for data (its DataLoader)" if self.cause == "data" else
-                 "its own computation (a slower device or core, other processes on its host, or more work on it)")
-        return text + f". Cause: {cause}."
+        said = {"data": "waiting for data (its DataLoader)",
+                "host load": f"host load (other processes on {self.host or 'its host'}, or CPU steal, take its cores)",
+                "compute": "its own computation (a slower device or core, or more work on it)"}[cause]
+        return text + f". Cause: {said}."
 
 
 @dataclass
 class _Window:
     """Per rank sums over one window: records, step time, and over the records that have each: comm time
-    (with the step time of those records), data time (idem)."""
+    (with the step time of those records), data time (idem), time waiting for a CPU (idem)."""
 
     n: np.ndarray
     step: np.ndarray
@@ -97,10 +115,12 @@ class _Window:
     comm_step: np.ndarray
     data: np.ndarray
     data_step: np.ndarray
+    wait: np.ndarray
+    wait_step: np.ndarray
 
     @classmethod
     def empty(cls, size: int) -> _Window:
-        return cls(*(np.zeros(size) for _ in range(6)))
+        return cls(*(np.zeros(size) for _ in range(8)))
 
 
 @dataclass
@@ -142,7 +162,8 @@ class StragglerWatch:
         w, size = self._window, self.world_size
         w.n += np.bincount(rank, minlength=size)
         w.step += np.bincount(rank, weights=step, minlength=size)
-        for name, total, steps in (("comm_time_s", "comm", "comm_step"), ("data_time_s", "data", "data_step")):
+        for name, total, steps in (("comm_time_s", "comm", "comm_step"), ("data_time_s", "data", "data_step"),
+                                   ("cpu_wait_s", "wait", "wait_step")):
             if name in cols:
                 value = cols[name][keep]
                 known = ~np.isnan(value)
@@ -170,7 +191,9 @@ class StragglerWatch:
         work = {r: (w.step[r] - w.comm[r] * w.step[r] / w.comm_step[r]) / w.n[r] if timed else w.step[r] / w.n[r]
                 for r in ranks}
         share = {name: {r: getattr(w, name)[r] / getattr(w, f"{name}_step")[r] for r in ranks
-                        if getattr(w, f"{name}_step")[r] > 0} for name in ("comm", "data")}
+                        if getattr(w, f"{name}_step")[r] > 0} for name in ("comm", "data", "wait")}
+        for r, wait in share["wait"].items():  # and its waits for a CPU, also those inside a collective (a starved
+            work[r] = min(w.step[r] / w.n[r], work[r] + wait * w.step[r] / w.n[r])  # rank's show there), at most its step
         found = []
         for r in ranks:
             stage = self._stage.get(r)
@@ -197,7 +220,8 @@ class StragglerWatch:
                 data_share=data.get(r), others_data_share=others_median(data),
                 compute_share=compute.get(r), others_compute_share=others_median(compute),
                 others_comm_share=others_median(comm) if timed else None,
-                best_ratio=work[r] / self._best[r] if self._best[r] > 0 else None, host=self.hosts.get(r, "")))
+                best_ratio=work[r] / self._best[r] if self._best[r] > 0 else None, host=self.hosts.get(r, ""),
+                wait_share=share["wait"].get(r), others_wait_share=others_median(share["wait"])))
         self.flagged.extend(found)
         return found
 
@@ -224,5 +248,5 @@ def window_from_env(environ: Any) -> float:
     return value
 
 
-__all__: Sequence[str] = ["MIN_STEPS", "SLOW", "WINDOWS", "WINDOW_S", "Straggler", "StragglerWatch",
+__all__: Sequence[str] = ["MIN_STEPS", "SLOW", "STARVED", "WINDOWS", "WINDOW_S", "Straggler", "StragglerWatch",
                           "window_from_env"]

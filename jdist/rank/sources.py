@@ -21,7 +21,7 @@ Example:
     ...     jdist.log(step=0, loss=0.5)
     ...     rec = s.end_cell()["records"][0]
     >>> sorted(k for k in rec if k.endswith("_s"))
-    ['comm_time_s', 'compute_time_s', 'data_time_s', 'samples_per_s', 'step_time_s']
+    ['comm_time_s', 'compute_time_s', 'cpu_wait_s', 'data_time_s', 'samples_per_s', 'step_time_s']
 """
 
 from __future__ import annotations
@@ -296,6 +296,41 @@ class Memory:
         return rss, max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
+class CpuWait:
+    """How long the rank's main thread (the one that trains) waited for a CPU: runnable, but another process or
+    thread had its core (the second field of ``/proc/self/schedstat``, the kernel's run-queue delay). Read once
+    per published batch on the publisher thread (one ``pread``), the batch's wait split evenly over its records:
+    the windows of :mod:`jdist.metrics.stragglers` sum it, and a rank that waits much longer than the others is
+    starved by its host's load (other processes, CPU steal), not slower at the same work. None where the kernel
+    keeps no such count (not Linux)."""
+
+    names = ("cpu_wait_s",)
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._last: int | None = None
+
+    def _read(self) -> int | None:
+        try:
+            if self._fd is None:
+                self._fd = os.open("/proc/self/schedstat", os.O_RDONLY)
+            return int(os.pread(self._fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def begin_cell(self, s: RankSession, now: float) -> None:
+        self._last = self._read()
+
+    def fill(self, s: RankSession, entries: Sequence[Entry], now: float, final: bool) -> None:
+        if not entries:
+            return
+        ns = self._read()
+        each = None if ns is None or self._last is None else (ns - self._last) / 1e9 / len(entries)
+        self._last = ns
+        for entry in entries:
+            entry[REC]["cpu_wait_s"] = each
+
+
 class Throughput:
     """Samples/s: batch size x batches since the previous log (training forwards of prepared
     models, at least 1) / step time, when a batch size is known. (Runs after :class:`StepTiming`.)"""
@@ -371,4 +406,5 @@ def default_sources() -> list[MetricSource]:
     the installed metric plugins' (each :class:`jdist.plugins.MetricSpec` names its source class)."""
     from jdist.plugins import metric_specs
 
-    return [StepTiming(), Memory(), Throughput(), ModelState(), *(spec.load()() for spec in metric_specs())]
+    return [StepTiming(), Memory(), CpuWait(), Throughput(), ModelState(),
+            *(spec.load()() for spec in metric_specs())]

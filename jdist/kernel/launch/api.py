@@ -39,7 +39,8 @@ class RankDeath:
     """The first rank whose process ended, why (e.g. "killed by SIGKILL ..."), what the
     launcher printed (its last lines), the process's exit status (128+N: signal N; None: unknown),
     the text holding its crash report, if it crashed (:func:`jdist.common.stacks.parse_crash`), and its
-    last words: what it wrote to fd 2 that the notebook did not get (:mod:`jdist.common.last_words`)."""
+    last words: what it wrote to fd 2 that the notebook did not get (:mod:`jdist.common.last_words`), and whether
+    the kernel's out-of-memory killer ended it (its host's count of such kills rose while it ran)."""
 
     rank: int | None
     cause: str
@@ -47,6 +48,7 @@ class RankDeath:
     exit_code: int | None = None
     crash: str = ""
     last_words: str = ""
+    oom: bool = False
 
 
 class RankLauncher(ABC):

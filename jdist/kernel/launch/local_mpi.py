@@ -66,14 +66,32 @@ def local_mpiexec() -> str:
 
 
 def oom_kills() -> int | None:
-    """The kernel's out-of-memory kill count for this process's cgroup (None if unknown)."""
-    try:
-        cgroup = Path("/proc/self/cgroup").read_text().strip().split("::")[-1]
-        for line in (Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.events").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    """The kernel's out-of-memory kills seen from here: the host's (``oom_kill`` of ``/proc/vmstat``, which counts
+    those of every memory limit too) plus this process's cgroup's (cgroup v2 ``memory.events``), so that either
+    moving shows; None where neither can be read (not Linux). Only a rise between two reads means anything."""
+    total, found = 0, False
+    for read in (_vmstat_oom_kills, _cgroup_oom_kills):
+        try:
+            count = read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if count is not None:
+            total, found = total + count, True
+    return total if found else None
+
+
+def _vmstat_oom_kills() -> int | None:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return None
+
+
+def _cgroup_oom_kills() -> int | None:
+    cgroup = Path("/proc/self/cgroup").read_text().strip().split("::")[-1]
+    for line in (Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.events").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
     return None
 
 
@@ -263,7 +281,7 @@ class LocalMPILauncher(RankLauncher):
         oom = self._oom_before is not None and oom_now is not None and oom_now > self._oom_before
         crash = self.crash_reports().get(first, "")
         return RankDeath(first, cause_of_exit(code, oom), self.output().strip()[-2000:], code, crash,
-                         self.last_words(first))
+                         self.last_words(first), oom=oom)
 
     def last_words(self, rank: int | None) -> str:
         """What the shell around the rank's engine named as its fd 2 (``stderr-<r>`` in the work folder) holds

@@ -123,7 +123,8 @@ def cause_of_exit(code: int | None, oom: bool) -> str:
     'the process exited with code 3 (os._exit or sys.exit in the cell, or a crash)'
     """
     if oom:
-        return "killed by the out-of-memory killer (the machine ran out of memory)"
+        return ("killed by the out-of-memory killer (its host, or a memory limit it ran under: a cgroup, a container, "
+                "a Slurm job, ran out of memory)")
     if code == 128 + signal.SIGKILL:
         return "killed by SIGKILL (kill -9, or the out-of-memory killer)"
     if code is not None and code > 128:

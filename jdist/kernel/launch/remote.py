@@ -84,18 +84,21 @@ LEFT_BY_KILLED = (
     'n="$t/jdist-shm-$h-$pid"; if [ -f "$n" ]; then while read -r seg; do rm -f "$seg"; done < "$n"; fi; '
     'rm -f "$n" "$t/jdist-stderr-$h-$pid" "$t/jdist-stderr-$h-$pid' + POS_SUFFIX + '"; done 2>/dev/null; ')
 #: The rank's fd 2 goes to a file of its host (:mod:`jdist.common.last_words`): what it had not forwarded when
-#: it ended comes back as ``jdist-rank-stderr <rank> <line>`` lines before the exit line.
+#: it ended comes back as ``jdist-rank-stderr <rank> <line>`` lines before the exit line. A rank SIGKILLed while its
+#: host's count of out-of-memory kills (``/proc/vmstat``, every memory limit's too) rose has `` oom`` on that line.
+OOM_COUNT = "$(sed -n s/^oom_kill.//p /proc/vmstat 2>/dev/null)"
 REMOTE_WRAPPER = engine_shell(
-    before=(LEFT_BY_KILLED + 'JDIST_SHM_NOTE="$t/jdist-shm-$h-$$"; export JDIST_SHM_NOTE; '
+    before=(LEFT_BY_KILLED + f'oom0="{OOM_COUNT}"; ' + 'JDIST_SHM_NOTE="$t/jdist-shm-$h-$$"; export JDIST_SHM_NOTE; '
             f'{STDERR_ENV}="$t/jdist-stderr-$h-$$"; export {STDERR_ENV}; '),
     started=("setsid sh -c 'while kill -0 $1 2>/dev/null; do sleep 0.2; done; " + SHM_CLEANUP.replace("'", "'\\''")
              + "; while kill -0 $2 2>/dev/null; do sleep 0.2; done; "
              + f"rm -f \"${STDERR_ENV}\" \"${STDERR_ENV}{POS_SUFFIX}\""
              + "' jdist-shm-watch $child $$ </dev/null >/dev/null 2>&1 & "),
     after=(SHM_CLEANUP + '; rank=${PMI_RANK:-${SLURM_PROCID:--1}}; ' + UNSHOWN_SH
-           + '; echo "jdist-rank-exit $rank $code"; exit $code'),
+           + f'; oom=""; oom1="{OOM_COUNT}"; if [ "$code" = 137 ] && [ -n "$oom0" ] && [ "${{oom1:-0}}" -gt "$oom0" ]; '
+           'then oom=" oom"; fi; echo "jdist-rank-exit $rank $code$oom"; exit $code'),
 )
-EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)\s*$", re.M)
+EXIT_LINE = re.compile(rb"^jdist-rank-exit (-?\d+) (\d+)( oom)?\s*$", re.M)
 
 
 def _output_of(launcher: Any, start: int = 0) -> bytes:
@@ -223,6 +226,7 @@ class RemoteMPILauncher(RankLauncher):
         self._address: str | None = None
         self._ranks: list[RankInfo] = []
         self._exits: dict[int, int] = {}  # rank -> exit status, in the order they came
+        self._oom: set[int] = set()  # ranks whose exit line said the out-of-memory killer acted
         self._read = 0  # bytes of the launcher output already scanned
         self._all_ended = False
         self.client: Any = None
@@ -326,7 +330,7 @@ class RemoteMPILauncher(RankLauncher):
 
     def watch(self, ranks: Sequence[RankInfo]) -> None:
         self._ranks = list(ranks)
-        self._exits, self._read, self._all_ended = {}, 0, False
+        self._exits, self._oom, self._read, self._all_ended = {}, set(), 0, False
 
     def _scan(self) -> None:
         for launcher in self.output_launchers():
@@ -335,6 +339,8 @@ class RemoteMPILauncher(RankLauncher):
             self._read += cut
             for m in EXIT_LINE.finditer(chunk[:cut]):
                 self._exits.setdefault(int(m.group(1)), int(m.group(2)))
+                if m.group(3):
+                    self._oom.add(int(m.group(1)))
         if self.engine_launcher_ended():
             self._all_ended = True
 
@@ -374,12 +380,12 @@ class RemoteMPILauncher(RankLauncher):
         if code is None:
             cause = said or "the rank's process or its host went away (no exit status came back)"
         else:
-            cause = cause_of_exit(code, False) + (f": {said}" if said else "")
+            cause = cause_of_exit(code, first in self._oom) + (f": {said}" if said else "")
         if host and not said:  # (the launcher's line names the host)
             cause += f" on host {host}"
         reports = _crash_reports(output)
         return RankDeath(first, cause, output.strip()[-2000:], code, crash=reports.get(first, reports.get(None, "")),
-                         last_words=_last_words(output, first))
+                         last_words=_last_words(output, first), oom=first in self._oom)
 
     def ended_by(self, output: str) -> str | None:
         """What the launcher said of a job it ended (ranks killed with their shells, or told to end), from its

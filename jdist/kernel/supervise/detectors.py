@@ -42,7 +42,7 @@ class Stop:
 
 @dataclass(frozen=True)
 class Release:
-    reason: str  # "failure" or "hang"
+    reason: str  # "failure", "hang" or "alone" (a hang proven at once: see AloneInCollective)
     hang: dict[int, str] | None = None  # rank -> the collective it waits in
     #: rank -> its newest collective on each of its groups (c10d's Flight Recorder), for a hang: every rank of the
     #: cell's, also those that finished it
@@ -208,5 +208,69 @@ class LeftInCollective:
         return ReleaseAgain(waiting) if waiting else None
 
 
+class AloneInCollective:
+    """A collective that ranks which finished the cell will not join (``if rank == 0: dist.barrier()``): a hang proven
+    without waiting for ``--watchdog``, so the cell ends within about ``after`` + ``every`` seconds.
+
+    Once some ranks have finished their part (none failed) while others still run, for ``after`` seconds, every
+    ``every`` seconds: a running rank waiting in a collective (its stack) whose newest collective on a group (c10d's
+    Flight Recorder) has not completed, where every finished rank of that group started fewer collectives on it
+    (their newest sequence number is lower), waits for ranks that cannot call it any more. Without the Flight
+    Recorder's word for both sides (a backend or torch without it), it says nothing and the watchdog still does.
+    ``sup``: a cell's supervisor (``releasing``, ``ranks``, ``view``, ``cluster``)."""
+
+    def __init__(self, after: float = 1.0, every: float = 0.5):
+        self.after, self.every = after, every
+        self.since: float | None = None  # when some ranks were first seen finished while others run
+        self.last = 0.0
+        self.finished: dict[int, Sample] = {}  # the finished ranks' samples (they no longer change)
+
+    def poll(self, now: float, sup: CellSupervisor) -> Action | None:
+        if sup.releasing or not backend_spec(sup.cluster.config.backend).releases:
+            return None
+        running = sup.view.running()
+        ranks = list(getattr(sup, "ranks", ()))
+        finished = [r for r in ranks if r not in running]
+        if not running or not finished or sup.view.early_failures():
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = now
+        if now - self.since < self.after or now - self.last < self.every:
+            return None
+        self.last = now
+        spec = backend_spec(sup.cluster.config.backend)
+        wanted = [r for r in finished if r not in self.finished]
+        if wanted:
+            self.finished.update(sup.cluster.samples(wanted, timeout=SAMPLE_TIMEOUT_S))
+        samples = sup.cluster.samples(running, timeout=SAMPLE_TIMEOUT_S)
+        alone: dict[int, str] = {}
+        for rank, sample in samples.items():
+            waiting = describe(sample.frames, spec.backward_waits, spec.collective_paths)
+            if waiting and any(self._left(c, rank, finished) for c in sample.collectives):
+                alone[rank] = waiting
+        if not alone:
+            return None
+        collectives = {r: s.collectives for r, s in {**self.finished, **samples}.items() if s.collectives}
+        return Release("alone", alone, collectives or None)
+
+    def _left(self, c: Collective, rank: int, finished: list[int]) -> bool:
+        """Whether ``rank``'s collective ``c`` waits for finished ranks that never started it."""
+        if c.done or rank not in c.group:
+            return False
+        gone = [r for r in finished if r in c.group]
+        if not gone:
+            return False
+        for r in gone:  # (the recorder is on for every rank alike: a rank with no entry on the group started none on it)
+            sample = self.finished.get(r)
+            if sample is None or sample.progress is None:
+                return False  # (its guard did not answer: the watchdog decides)
+            theirs = [o.seq for o in sample.collectives if o.group == c.group]
+            if theirs and max(theirs) >= c.seq:
+                return False
+        return True
+
+
 def default_detectors(watchdog: float) -> list[Detector]:
-    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog), UnreleasableWait(), LeftInCollective()]
+    return [DeathDetector(), PartialFailureDetector(), HangWatchdog(watchdog), AloneInCollective(), UnreleasableWait(),
+            LeftInCollective()]

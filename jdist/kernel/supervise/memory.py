@@ -94,20 +94,56 @@ def memory_lines(run: Run | None, failure: RankFailure, last: int = 10) -> list[
     """The lines for an out-of-memory on ``failure.rank`` (see the module doc); ``[]`` for another failure."""
     if not is_oom(failure):
         return []
-    rank = failure.rank
+    return _report(run, failure.rank, f"rank {failure.rank} ran out of memory ({failure.ename})", _tried(failure),
+                   last)
+
+
+def killed_lines(run: Run | None, rank: int, last: int = 10) -> list[str]:
+    """The lines for ``rank`` ended by the kernel's out-of-memory killer (a SIGKILL, no exception): its memory at its
+    last record and how fast it grew, which rank grew the most, what jdist counts of it and the fixes. The killer
+    picks the largest process of the host or of the memory limit (cgroup) that ran out: not always the one that
+    grew, so each rank's growth is said.
+
+    >>> from jdist.metrics import Run
+    >>> MiB = 2**20
+    >>> run = Run("x", 2, backend="ddp")
+    >>> _ = run.add([{"rank": r, "seq": s, "step": s, "time": 100.0 + s, "mem_bytes": (500 + 40 * s * r) * MiB}
+    ...              for s in range(5) for r in (0, 1)])
+    >>> print("\\n".join(killed_lines(run, 1)[:2]))  # doctest: +NORMALIZE_WHITESPACE
+    rank 1 was killed by the out-of-memory killer: host memory (RSS) 660 MiB at its last record, growing 40 MiB/s
+    over its last 5 records.
+      Growth over the last records: r1 +40 MiB/s, r0 +0 B/s: rank 1 grew the most.
+    """
+    lines = _report(run, rank, f"rank {rank} was killed by the out-of-memory killer", None, last)
+    if run is None or len(lines) < 2:
+        return lines
+    rates = {r: rate for r in run.ranks if (rate := _rate(_series(run, r, "mem_bytes")[-last:])) is not None}
+    if len(rates) > 1:
+        order = sorted(rates, key=lambda r: -rates[r])
+        said = ", ".join(f"r{r} {'+' if rates[r] >= 0 else '-'}{size(abs(rates[r]))}/s" for r in order)
+        lines.insert(1, f"  Growth over the last records: {said}: rank {order[0]} grew the most.")
+    return lines
+
+
+def _rate(series: list[tuple[float, float]]) -> float | None:
+    """Bytes per second from the first to the last of (time, bytes); None for fewer than two points in time."""
+    if len(series) < 2 or series[-1][0] <= series[0][0]:
+        return None
+    return (series[-1][1] - series[0][1]) / (series[-1][0] - series[0][0])
+
+
+def _report(run: Run | None, rank: int, head: str, tried: float | None, last: int) -> list[str]:
     kind = "GPU memory (allocated)" if run is not None and run.device_kind == "cuda" else "host memory (RSS)"
-    head = f"rank {rank} ran out of memory ({failure.ename})"
-    tried = _tried(failure)
     latest = run.latest(rank) if run is not None else None
     if not latest or latest.get("mem_bytes") is None:
         return [head + ": it had sent no record with its memory (it ran out before its first step, or the cell "
                 "logged none)." + (f" It tried to allocate {size(tried)}." if tried else "")]
+    assert run is not None
     mem, peak = float(latest["mem_bytes"]), latest.get("mem_peak_bytes")
     series = _series(run, rank, "mem_bytes")[-last:]
-    growth = ""
-    if len(series) >= 2 and series[-1][0] > series[0][0]:
-        rate = (series[-1][1] - series[0][1]) / (series[-1][0] - series[0][0])
-        growth = f", {'growing' if rate >= 0 else 'shrinking'} {size(abs(rate))}/s over its last {len(series)} records"
+    rate = _rate(series)
+    growth = "" if rate is None else (f", {'growing' if rate >= 0 else 'shrinking'} {size(abs(rate))}/s over its "
+                                      f"last {len(series)} records")
     lines = [f"{head}: {kind} {size(mem)} at its last record"
              + (f" (peak {size(float(peak))})" if peak is not None else "") + growth + "."]
     parts = {name: latest.get(f"{key}_bytes") for name, key in
@@ -142,4 +178,4 @@ def memory_lines(run: Run | None, failure: RankFailure, last: int = 10) -> list[
     return lines
 
 
-__all__ = ["OOM_NAMES", "is_oom", "memory_lines", "size"]
+__all__ = ["OOM_NAMES", "is_oom", "killed_lines", "memory_lines", "size"]

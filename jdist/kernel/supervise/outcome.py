@@ -60,6 +60,7 @@ class Observations:
     released: list[int] = field(default_factory=list)  # ranks jdist stopped (a failure elsewhere, a hang)
     hang: dict[int, str] | None = None  # rank -> the collective it waited in
     collectives: dict[int, tuple[Collective, ...]] | None = None  # rank -> its newest collectives (a hang's)
+    alone: bool = False  # the hang: a collective that ranks which finished the cell never started (no watchdog)
     death: RankDeath | None = None  # the first rank process that ended
     stuck: list[int] = field(default_factory=list)  # ranks that did not stop after an interrupt/release
     cut_short: bool = False  # a second interrupt ended the wait for them before --interrupt-grace

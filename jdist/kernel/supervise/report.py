@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from jdist.common.last_words import lines_of
-from jdist.common.mismatch import mismatch_lines
+from jdist.common.mismatch import alone_line, mismatch_lines
 from jdist.common.stacks import crash_lines, waiting_phrase
 from jdist.errors import CellInterrupt, HangError, RankDied, RankError, RankFailure, dead_hint
 from jdist.metrics import Run
 from jdist.options import NOTEBOOK, Frontend
 
 from ..launch import RankDeath
-from .memory import memory_lines
+from .memory import killed_lines, memory_lines
 from .outcome import CellStatus, Observations, Outcome
 
 
@@ -151,6 +151,7 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         raise RankDied(
             f"rank {d.rank} died: {d.cause}. MPI ended the other rank(s) too "
             f"(the cell had run {result.elapsed_s:.1f} s).",
+            *(killed_lines(result.run, d.rank) if d.oom and d.rank is not None else ()),
             *lines_of(d.rank, d.last_words),
             *crash_lines(d.rank, d.crash),
             *(extra or [f"Run {frontend.restart} to start fresh ranks: it replays the set-up cells and restores the "
@@ -159,11 +160,15 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         )
     if obs.hang is not None and not result.failed:
         finished = [r for r in obs.ranks if r not in obs.hang]
-        lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
-                 "(--watchdog).", *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
-        lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
-        if obs.collectives:
-            lines += mismatch_lines(obs.collectives, obs.hang, world_size)
+        if obs.alone:
+            lines = [alone_line(obs.hang, finished, obs.collectives or {}, world_size),
+                     *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
+        else:
+            lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
+                     "(--watchdog).", *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
+        if not obs.alone:  # (the first line names them)
+            lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+            lines += mismatch_lines(obs.collectives or {}, obs.hang, world_size)
         raise HangError(*lines, *extra)
     if result.interrupted:
         quit = result.outcome.quit

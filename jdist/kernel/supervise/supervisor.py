@@ -177,6 +177,7 @@ class CellSupervisor:
         if action.hang is not None:
             self.obs.hang = action.hang
             self.obs.collectives = action.collectives
+            self.obs.alone = action.reason == "alone"
         self.obs.released = self.view.running()
         self.cluster.interrupt(self.obs.released)
         self._start_grace()
