@@ -190,7 +190,7 @@ class DistributedMagics(Magics):
         return cluster
 
     @magic_arguments()
-    @argument("command", choices=["status", "stacks", "stop", "restart", "pull", "push", "attach", "debug",
+    @argument("command", choices=["status", "stacks", "stop", "restart", "resize", "pull", "push", "attach", "debug",
                                   "doctor"],
               help="status: ranks and state; stacks: where each rank is (Python stack); stop; restart (replays "
                    "set-up cells and restores the newest checkpoint); pull NAME; push NAME; attach RUN (the ranks "
@@ -198,6 +198,12 @@ class DistributedMagics(Magics):
                    "bug report needs (versions, devices, environment, network, clocks, collectives), saved too.")
     @argument("name", nargs="?", default=None, help="Variable name for pull/push; run id for attach.")
     @argument("--fresh", action="store_true", help="restart: start empty ranks (no replay, no restore).")
+    @argument("-n", type=int, default=None, dest="size", metavar="M",
+              help="resize: the new number of ranks (CPU ranks, or GPUs on a --gpus cluster).")
+    @argument("--gpus", type=int, default=None, metavar="M", help="resize: the new number of GPU ranks.")
+    @argument("--dir", default=None, metavar="PATH",
+              help="resize: the folder for the state in transit (default: the run folder; several hosts need one "
+                   "they share).")
     @argument("--rank", type=int, default=None, help="pull/push: only this rank (pull returns the value itself); "
                                                       "debug: this rank.")
     @argument("--ranks", default=None, help="debug: these ranks (e.g. 0,1), each command sent to each.")
@@ -211,6 +217,9 @@ class DistributedMagics(Magics):
         ``%dist restart``      restart it with the same options, replay the set-up cells (those
                                that logged nothing) and restore the newest jdist.checkpoint_every
                                checkpoint; ``--fresh``: empty ranks
+        ``%dist resize -n M``  M ranks instead, keeping the training as it is now: prepared models,
+                               optimizers, schedulers and loaders (resharded), the variables alike on
+                               every rank; the set-up cells replayed
         ``%dist pull NAME``    set NAME in the notebook to [value on rank 0, rank 1, ...];
                                ``--rank R`` for the value of one rank
         ``%dist push NAME``    send the notebook's NAME to every rank (or ``--rank R``)
@@ -227,6 +236,8 @@ class DistributedMagics(Magics):
             raise usage_error(f"%dist {args.command} needs a variable name, e.g. %dist {args.command} model_state")
         if args.command == "attach":
             return self._dist_attach(args)
+        if args.command == "resize":
+            return self._dist_resize(args)
         cluster = cl.current()
         if cluster is None:
             if args.command == "stop":
@@ -286,6 +297,24 @@ class DistributedMagics(Magics):
     def _dist_stacks(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         spec = backend_spec(cluster.config.backend)
         _say(format_stacks(cluster.stacks(ranks), spec.backward_waits, spec.collective_paths))
+
+    def _dist_resize(self, args: Any) -> None:
+        from . import resize
+
+        if args.size is not None and args.gpus is not None:
+            raise usage_error("%dist resize takes -n M or --gpus M, not both.")
+        size = args.size if args.size is not None else args.gpus
+        if size is None:
+            raise usage_error("%dist resize needs the new number of ranks: %dist resize -n 4 (or --gpus 4).")
+        cluster = cl.current()
+        try:
+            resize.check(cluster, size)
+            assert cluster is not None
+            if args.gpus is not None and not cluster.config.gpus:
+                raise ValueError(f"%dist resize --gpus {size}: this cluster runs CPU ranks; resize it with -n {size}.")
+            _say(resize.resize(cluster, size, _say, args.dir))
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
 
     def _dist_restart(self, cluster: cl.ClusterSession, args: Any, ranks: list[int] | None) -> None:
         _say(recovery.restart(cluster, _say, restore=not args.fresh))

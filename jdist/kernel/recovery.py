@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 from jdist.options import CellOptions
 
-from .recoverylog import Push, SetupCell
+from .recoverylog import Entry, Push, SetupCell
 
 if TYPE_CHECKING:
     from .cluster import ClusterSession
@@ -31,8 +31,6 @@ def restart(cluster: ClusterSession, progress: Callable[[str], None] | None = No
 
     Returns one line saying what was restored and what was lost.
     """
-    from .supervise import run_cell
-
     say = progress or (lambda msg: None)
     entries, ckpt = cluster.recovery.take()
     t0 = time.perf_counter()
@@ -42,24 +40,9 @@ def restart(cluster: ClusterSession, progress: Callable[[str], None] | None = No
         return restarted + "; variables on the ranks are lost (--fresh)."
     if not entries and not (ckpt and ckpt.latest):
         return restarted + "; there was nothing to restore (no set-up cells, no checkpoint)."
-    replayed = 0
-    cells = sum(isinstance(e, SetupCell) for e in entries)
-    for entry in entries:
-        if isinstance(entry, Push):
-            cluster.push(entry.name, entry.value, entry.ranks)
-            continue
-        say(f"  replaying set-up cell {replayed + 1} of {cells}...")
-        result = run_cell(cluster, entry.code, replay_options(entry.options), ranks=entry.ranks)
-        if not result.ok:
-            if result.death is not None:
-                what = result.death.cause
-            elif result.failed:
-                what = next(iter(result.failed.values())).evalue
-            else:
-                what = "it did not finish"
-            return (f"{restarted}; replaying set-up cell {replayed + 1} failed ({what}), so nothing was restored "
-                    f"beyond it. The cell began:\n{entry.code[:300]}")
-        replayed += 1
+    replayed, _, failure = replay(cluster, entries, say)
+    if failure is not None:
+        return f"{restarted}; {failure}"
     text = f"{restarted}; replayed {replayed} set-up cell(s)"
     if ckpt is None:
         return text + "; jdist.checkpoint_every was not used, so training progress is lost."
@@ -76,6 +59,41 @@ def restart(cluster: ClusterSession, progress: Callable[[str], None] | None = No
     names = ", ".join(v for v in ckpt.names.values() if v)
     return (f"{text}; restored {restored['path']} (step {restored['step']}) into {names}. Lost: only the steps "
             f"after {restored['step']}. Re-run the training cell; jdist.restored_step() is {restored['step']}.")
+
+
+def replay(cluster: ClusterSession, entries: list[Entry], say: Callable[[str], None],
+           keep_going: bool = False) -> tuple[int, list[str], str | None]:
+    """Replay ``entries`` (set-up cells and pushes) on the cluster's ranks, in order: the cells replayed, those
+    skipped, and what to say of a failure that ended the replay. A cell that fails ends it, or with ``keep_going``
+    (a resize, which loads the state after the replay: a cell that reads the training state fails before it is
+    loaded) is said as skipped; a death ends it always."""
+    from .supervise import run_cell
+
+    replayed, n = 0, 0
+    skipped: list[str] = []
+    cells = sum(isinstance(e, SetupCell) for e in entries)
+    for entry in entries:
+        if isinstance(entry, Push):
+            cluster.push(entry.name, entry.value, entry.ranks)
+            continue
+        n += 1
+        say(f"  replaying set-up cell {n} of {cells}...")
+        result = run_cell(cluster, entry.code, replay_options(entry.options), ranks=entry.ranks)
+        if not result.ok:
+            if result.death is not None:
+                what = result.death.cause
+            elif result.failed:
+                what = next(iter(result.failed.values())).evalue
+            else:
+                what = "it did not finish"
+            first = entry.code.strip().splitlines()[0][:80] if entry.code.strip() else ""
+            if keep_going and result.death is None:
+                skipped.append(f"set-up cell {n} ({first!r}...) failed in the replay ({what}) and was skipped")
+                continue
+            return replayed, skipped, (f"replaying set-up cell {n} failed ({what}), so nothing was restored beyond "
+                                       f"it. The cell began:\n{entry.code[:300]}")
+        replayed += 1
+    return replayed, skipped, None
 
 
 def replay_options(options: CellOptions | None) -> CellOptions:

@@ -54,6 +54,9 @@ class ResumableLoader:
         self.epoch = int(getattr(loader.sampler, "epoch", 0))
         self.position = 0  # batches handed out in the current pass
         self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) after a load
+        #: after a resize: (epoch, samples of it consumed before, this rank's batches of the rest, world size)
+        self._elastic: tuple[int, int, list[list[int]], int] | None = None
+        self._pass: tuple[int, int] = (0, 0)  # the current pass's (samples consumed before it, its world size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch``: ``sampler.set_epoch`` (reshuffles a DistributedSampler)."""
@@ -72,7 +75,14 @@ class ResumableLoader:
                 skip = resume_skip
             self._resume = None
         self.position = skip
-        source = self._skipping(skip) if skip else iter(self.loader)
+        self._pass = (0, 0)
+        if self._elastic is not None and self._elastic[0] == epoch:
+            _, before, batches, world = self._elastic
+            self._pass = (before, world)
+            source = self._clone(batches)
+        else:
+            source = self._skipping(skip) if skip else iter(self.loader)
+        self._elastic = None
         for batch in source:
             self.position += 1
             yield batch
@@ -80,16 +90,21 @@ class ResumableLoader:
             self.epoch += 1
 
     def _skipping(self, skip: int) -> Iterator[Any]:
-        import torch
-
         ld = self.loader
         if ld.batch_sampler is None:
             raise ValueError(
                 "This DataLoader has no batch sampler (batch_size=None), so jdist cannot skip to the resumed "
                 "position. Give it a batch_size, or resume at the start of an epoch."
             )
+        return self._clone(_SkipBatches(ld.batch_sampler, skip))
+
+    def _clone(self, batch_sampler: Any) -> Iterator[Any]:
+        """An iterator of the wrapped loader's batches as ``batch_sampler`` gives their indices."""
+        import torch
+
+        ld = self.loader
         clone = torch.utils.data.DataLoader(
-            ld.dataset, batch_sampler=_SkipBatches(ld.batch_sampler, skip), num_workers=ld.num_workers,
+            ld.dataset, batch_sampler=batch_sampler, num_workers=ld.num_workers,
             collate_fn=ld.collate_fn, pin_memory=ld.pin_memory, timeout=ld.timeout,
             worker_init_fn=ld.worker_init_fn, multiprocessing_context=ld.multiprocessing_context,
             generator=ld.generator, persistent_workers=ld.persistent_workers,
@@ -115,6 +130,61 @@ class ResumableLoader:
         self.set_epoch(int(state["epoch"]))
         self._resume = (int(state["epoch"]), int(state["position"]))
         self.position = int(state["position"])
+
+    def elastic_state(self, world_size: int) -> dict[str, Any]:
+        """Where this epoch is, independently of the number of ranks (a resize, :mod:`jdist.rank.elastic`): the
+        samples of the epoch's order that all ranks together consumed. A ``DistributedSampler`` hands rank r the
+        positions r, r + W, r + 2W... of its order, so after p batches of B on each of W ranks the first p x B x W
+        positions are consumed. ``{"epoch", "consumed", "size"}``, or ``{"why": ...}`` where the loader's order
+        is not a DistributedSampler's."""
+        ld = self.loader
+        sampler = getattr(ld, "sampler", None)
+        if not all(hasattr(sampler, a) for a in ("num_replicas", "shuffle", "seed", "set_epoch")):
+            return {"why": "its sampler is not a DistributedSampler: it starts its epoch again"}
+        if ld.batch_size is None:
+            return {"why": "it has no batch_size (a batch sampler of its own): it starts its epoch again"}
+        before, world = self._pass if self._pass[1] else (0, world_size)
+        size = len(ld.dataset)
+        return {"epoch": self.epoch, "consumed": min(size, before + self.position * ld.batch_size * world),
+                "size": size}
+
+    def resume_elastic(self, state: dict[str, Any], rank: int, world_size: int) -> str:
+        """Go on with the epoch of ``state`` (:meth:`elastic_state` of the old world) on ``world_size`` ranks: the
+        samples not yet consumed, in the epoch's order, rank r taking every ``world_size``-th from the r-th (none
+        twice, none skipped), cut to the same number of batches on every rank (a collective needs every rank in
+        every step): the few a rank has beyond them are left out, and said. Returns one line for the report."""
+        import torch
+
+        if "why" in state:
+            return state["why"]
+        ld, sampler = self.loader, self.loader.sampler
+        size, consumed, epoch = len(ld.dataset), int(state["consumed"]), int(state["epoch"])
+        if size != state["size"]:
+            return f"its dataset has {size} samples, not {state['size']} as before: it starts its epoch again"
+        self.set_epoch(epoch)
+        if consumed >= size:
+            self.set_epoch(epoch + 1)
+            return f"epoch {epoch} was done: it goes on with epoch {epoch + 1}"
+        if sampler.shuffle:  # (DistributedSampler's own order: seed + epoch)
+            g = torch.Generator()
+            g.manual_seed(sampler.seed + epoch)
+            order = torch.randperm(size, generator=g).tolist()
+        else:
+            order = list(range(size))
+        rest = order[consumed:]
+        batch, drop_last = ld.batch_size, ld.drop_last
+        shares = [rest[r::world_size] for r in range(world_size)]
+        counts = [len(x) // batch if drop_last else -(-len(x) // batch) for x in shares]
+        keep = min(counts)
+        mine = shares[rank][:keep * batch]
+        left_out = sum(len(x) - len(x[:keep * batch]) for x in shares)
+        self._elastic = (epoch, consumed, [mine[i:i + batch] for i in range(0, len(mine), batch)], world_size)
+        self.position = 0
+        line = (f"epoch {epoch} goes on from sample {consumed} of {size}: the {len(rest)} left split over "
+                f"{world_size} ranks, {keep} batch(es) each")
+        if left_out:
+            line += f" ({left_out} left out: too few for a batch on every rank)"
+        return line
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet (unpickling)

@@ -131,6 +131,21 @@ def restore_latest(directory: str, names: dict[str, str | None], every: int, kee
     return restore(directory, names, every, keep)
 
 
+def elastic_snapshot(directory: str) -> dict[str, Any]:
+    """Save what a resize carries into ``directory`` (:func:`jdist.rank.elastic.snapshot`; collective)."""
+    from .elastic import snapshot
+
+    return snapshot(directory)
+
+
+def elastic_restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """Load a resize's snapshot into the replayed set-up's variables (:func:`jdist.rank.elastic.restore`)."""
+    from .elastic import restore
+
+    return restore(directory, manifest, checkpoint)
+
+
 def has_function(name: str) -> bool:
     """Whether ``name`` is a function in this rank's cell namespace (``jdist.tune``'s objective)."""
     from .namespace import user_ns

@@ -116,6 +116,9 @@ class RankSession:
     batch_size: int | None = None
     #: Step of the checkpoint restored last (jdist.restored_step()).
     restored_step: int = 0
+    #: ``jdist.scale_lr``'s (rule, base world size) when the code scaled a learning rate to this world's size: a
+    #: resize scales the loaded rates to the new one (:mod:`jdist.rank.elastic`)
+    lr_rule: tuple[str, int] | None = None
     #: Environment variables this rank reports to its launcher (``RankInfo.launcher``).
     report_env: tuple[str, ...] = ()
     #: Whether anything times this rank's communication (a jdist backend's comm timer). False in a

@@ -424,8 +424,11 @@ def scale_lr(lr: float, rule: str = "linear", world_size: int | None = None, bas
     >>> round(scale_lr(1e-3, "sqrt", world_size=4), 6)
     0.002
     """
-    if world_size is None:
-        world_size = session().ctx.world_size
+    if world_size is None:  # (this world's: a resize scales the rates again, jdist.rank.elastic)
+        s = session()
+        world_size = s.ctx.world_size
+        if rule in ("linear", "sqrt"):
+            s.lr_rule = (rule, base_world_size)
     k = world_size / base_world_size
     if rule == "linear":
         return lr * k

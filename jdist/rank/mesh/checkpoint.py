@@ -90,6 +90,9 @@ def load_sharded(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
     meta = torch.load(path / META_FILE, map_location="cpu", weights_only=False)
     if optimizer is not None and not meta.get("has_optimizer"):
         raise ValueError(f"{path} holds no optimizer state; load it without optimizer=.")
+    if optimizer is not None:  # (optimizer.state is a defaultdict: a read of opt.state[p]["step"] before any step
+        for param in [p for p, st in optimizer.state.items() if not st]:  # leaves an empty entry, and torch then
+            del optimizer.state[param]  # takes the state as made, and finds nothing to load into)
     state, given = _states(model, optimizer)
     dcp.load(given, checkpoint_id=str(path))  # (in place: into state's tensors)
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],

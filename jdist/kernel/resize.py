@@ -1,0 +1,163 @@
+"""Resizing the running cluster without losing the training (``%dist resize -n M``): a use case beside
+:mod:`jdist.kernel.recovery`'s restart.
+
+1. **snapshot** on the old world (:func:`jdist.rank.elastic.snapshot`): the prepared models with their optimizers
+   and schedulers through ``jdist.save_checkpoint`` (DDP/Horovod replicated, FSDP2 and DTensor models as
+   ``torch.distributed.checkpoint`` shards), the loaders' places in their epochs, the plain variables alike on
+   every rank; at the state of that moment, not the last checkpoint;
+2. **stop** the old ranks and **start** the new number (if the launcher cannot give it, the old number starts
+   again and gets the same state back);
+3. **replay** the set-up cells, as ``%dist restart`` does (they build the model, optimizer and loader for the new
+   world: ``jdist.prepare``, ``--mesh``);
+4. **load** the snapshot into what they built (:func:`jdist.rank.elastic.restore`), resharded; learning rates
+   scaled with ``jdist.scale_lr`` are scaled to the new size.
+
+It says what it carried and how long each part took, in one report.
+
+Example:
+    >>> print(resize(cluster, 4))      # doctest: +SKIP
+    Resized 2 -> 4 ranks in 6.2 s (snapshot 0.3 s, stop 0.4 s, start 3.9 s, replay 1.2 s, load 0.4 s).
+    ...
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .recovery import replay
+
+if TYPE_CHECKING:
+    from .cluster import ClusterSession
+
+
+def snapshot_dir(cluster: ClusterSession, directory: str | None) -> Path:
+    """Where the snapshot goes: ``directory``, else a folder of the run directory (visible to every rank of a
+    local cluster; a cluster over several hosts needs ``--dir`` on a filesystem they share)."""
+    from jdist.metrics import default_run_dir
+
+    base = Path(directory) if directory else default_run_dir() / "resize"
+    return base.absolute() / f"{cluster.cluster_id or 'cluster'}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check(cluster: ClusterSession | None, n: int) -> None:
+    """One line for what cannot be resized, before anything stops."""
+    if cluster is None:
+        raise ValueError("No jdist cluster is running, so there is nothing to resize: start one with "
+                         "%%distributed -n 2 (and resize it later).")
+    if n < 1:
+        raise ValueError(f"%dist resize -n {n}: a cluster needs at least 1 rank, e.g. %dist resize -n 2.")
+    from jdist.plugins import option_table
+
+    from .probes import probe
+
+    new = cluster.config.replace(n=n)
+    try:  # what the launcher can give (--hosts' room, Slurm's -N), the GPUs here: before anything stops
+        option_table().check(new)
+        probe(new, cluster.config)
+    except ValueError as exc:
+        hint = (" Give the cluster a mesh that fits first (a cell with that --mesh: it needs no restart), then resize."
+                if "--mesh" in str(exc) else "")
+        raise ValueError(f"%dist resize -n {n}: {exc}{hint}") from None
+
+
+def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | None = None,
+           directory: str | None = None) -> str:
+    """Resize ``cluster`` to ``n`` ranks, keeping its training (see the module doc); returns the report."""
+    say = progress or (lambda msg: None)
+    check(cluster, n)
+    old = cluster.config.n
+    if n == old:
+        return f"The cluster has {n} rank(s) already: nothing to resize."
+    cluster.require_free(None, "The resize")
+    folder = snapshot_dir(cluster, directory)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    say(f"Resizing {old} -> {n} ranks: saving the state of the {old} ranks...")
+    manifest = cluster.call("elastic_snapshot", str(folder), timeout=cluster.config.timeout + 120)[0]
+    times["snapshot"] = time.perf_counter() - t0
+    entries, plan = cluster.recovery.take()
+    t = time.perf_counter()
+    cluster.stop()
+    times["stop"] = time.perf_counter() - t
+    t = time.perf_counter()
+    config, cluster.config = cluster.config, cluster.config.replace(n=n)
+    fallback = None
+    try:
+        cluster.start(say)
+    except Exception as exc:  # the launcher cannot give n ranks: the old size again, with the same state
+        fallback = getattr(exc, "lines", None) or [str(exc)]
+        say(f"Starting {n} rank(s) failed; starting {old} again with the state...")
+        cluster.stop()
+        cluster.config = config
+        cluster.start(say)
+    times["start"] = time.perf_counter() - t
+    t = time.perf_counter()
+    replayed, skipped, failure = replay(cluster, entries, say, keep_going=True)
+    times["replay"] = time.perf_counter() - t
+    if failure is not None:
+        return (f"Resized {old} -> {cluster.config.n} ranks, but {failure}; the state was not loaded (it is kept in "
+                f"{folder}).")
+    t = time.perf_counter()
+    again = None  # jdist.checkpoint_every set in a cell not replayed: set again on the new ranks
+    if plan is not None and cluster.recovery.checkpoint is None:
+        again = {"every": plan.every, "directory": plan.directory, "keep": plan.keep, "names": plan.names}
+        cluster.recovery.note_message({"kind": "checkpoint_every", **again})
+    if plan is not None and plan.latest:
+        cluster.recovery.note_message({"kind": "checkpoint_saved", **plan.latest})
+    try:
+        loaded = cluster.call("elastic_restore", str(folder), manifest, again,
+                              timeout=cluster.config.timeout + 120)[0]
+    except Exception as exc:
+        evalue = getattr(exc, "evalue", None) or str(exc)
+        return (f"Resized {old} -> {cluster.config.n} ranks and replayed {replayed} set-up cell(s), but the state "
+                f"could not be loaded: {evalue}")
+    times["load"] = time.perf_counter() - t
+    shutil.rmtree(folder, ignore_errors=True)
+    lines = report(old, cluster.config.n, manifest, loaded, replayed, times, time.perf_counter() - t0)
+    for line in skipped:
+        lines.append(f"  {line[0].upper()}{line[1:]} (what it defined is carried where it was alike on every rank).")
+    if fallback is not None:
+        lines.insert(0, f"Resizing to {n} rank(s) failed, so the cluster runs on {old} again with the same state: "
+                     + " ".join(fallback))
+    return "\n".join(lines)
+
+
+def report(old: int, new: int, manifest: dict[str, Any], loaded: dict[str, Any], replayed: int,
+           times: dict[str, float], total: float) -> list[str]:
+    """The resize's lines: sizes and times, what was carried, what was not.
+
+    >>> manifest = {"states": [{"model": "model", "optimizer": "opt", "scheduler": None}], "variables": ["losses"],
+    ...             "variable_bytes": 120, "differ": ["x"], "unpicklable": [], "loaders": {}}
+    >>> times = {"snapshot": 0.3, "stop": 0.4, "start": 3.9, "replay": 1.2, "load": 0.4}
+    >>> print("\\n".join(report(2, 4, manifest, {"lr_factor": None, "loaders": {}}, 1, times, 6.2)))
+    Resized 2 -> 4 ranks in 6.2 s (snapshot 0.3 s, stop 0.4 s, start 3.9 s, replay 1.2 s, load 0.4 s).
+      carried: model with opt (resharded to 4 ranks); variables losses (120 B); 1 set-up cell(s) replayed.
+      not carried: x (differs per rank). Random number generators start from the set-up cells' seeds.
+    """
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
+    lines = [f"Resized {old} -> {new} ranks in {total:.1f} s ({parts})."]
+    carried = []
+    for st in manifest["states"]:
+        with_ = [v for v in (st["optimizer"], st["scheduler"]) if v]
+        carried.append(st["model"] + (f" with {' and '.join(with_)}" if with_ else "") + f" (resharded to {new} ranks)")
+    if loaded.get("lr_factor"):
+        carried.append(f"learning rates x {loaded['lr_factor']:.3g} (jdist.scale_lr, {old} -> {new} ranks)")
+    for name, line in loaded.get("loaders", {}).items():
+        carried.append(f"{name}: {line}")
+    if manifest["variables"]:
+        from .supervise.memory import size
+
+        carried.append(f"variables {', '.join(manifest['variables'])} ({size(manifest['variable_bytes'])})")
+    carried.append(f"{replayed} set-up cell(s) replayed")
+    lines.append("  carried: " + "; ".join(carried) + ".")
+    left = [f"{n} (differs per rank)" for n in manifest["differ"]]
+    left += [f"{n} (cannot be pickled)" for n in manifest["unpicklable"]]
+    lines.append(("  not carried: " + ", ".join(left) + ". " if left else "  ")
+                 + "Random number generators start from the set-up cells' seeds.")
+    return lines
+
+
+__all__ = ["check", "report", "resize", "snapshot_dir"]
