@@ -56,13 +56,18 @@ def test_ddp_resized_2_3_2_keeps_parameters_optimizer_learning_rate_and_each_sam
     k.run("%%distributed\nBATCHES = 5\n" + DDP_TRAIN)
     before = state(k)
     assert before["lr"] == pytest.approx(0.02) and before["steps"] == 5 and len(before["seen"]) == 40
+    out = k.run("%dist resize -n 3 --keep-global-batch", allow_error=True)  # refused before anything stops
+    assert "--keep-global-batch: 2 rank(s) x grad_accum 1 is 2 micro-batches a step, which 3 ranks cannot share " \
+           "evenly; resize to a number of ranks that divides 2 (1, 2)" in out.shown, out.shown
     out = k.run("%dist resize -n 3", timeout=180)
     assert "Resized 2 -> 3 ranks in " in out.stdout and "(snapshot " in out.stdout, out.stdout
-    assert "carried: model with opt (resharded to 3 ranks); learning rates x 1.5 (jdist.scale_lr, 2 -> 3 ranks); " \
+    assert "carried: model with opt (replicated on 3 ranks); learning rates x 1.5 (jdist.scale_lr, 2 -> 3 ranks); " \
            "loader: epoch 0 goes on from sample 40 of 94: the 54 left split over 3 ranks, 5 batch(es) each" \
            in out.stdout, out.stdout
     assert "variables " in out.stdout and "seen" in out.stdout and "steps" in out.stdout, out.stdout
     assert "not carried: " in out.stdout and "mine (differs per rank)" in out.stdout, out.stdout  # (each rank's)
+    assert "Global batch: 1.5x (micro-batch x 1 x 3 ranks); the learning rate is scaled with it (jdist.scale_lr: " \
+           "x 1.5)." in out.stdout, out.stdout
     assert "Set-up cell 2 ('w = [model.module.weight.item(), model.module.bias.item()]'...) failed in the replay " \
            "('momentum_buffer') and was skipped" in out.stdout, out.stdout  # (it reads the state: loaded after it)
     k.run("%%distributed --output all\nprint('world', world_size)")
@@ -79,6 +84,11 @@ def test_ddp_resized_2_3_2_keeps_parameters_optimizer_learning_rate_and_each_sam
     assert again["lr"] == pytest.approx(0.02)
     out = k.run("%%distributed --output all\nprint('world', world_size, loader.sampler.epoch)")
     assert out.stdout.count("world 2 1") == 2, out.stdout
+    out = k.run("%dist resize -n 1 --keep-global-batch", timeout=180)  # 2 micro-batches a step: 2 on 1 rank
+    assert "Global batch kept: grad_accum 1 -> 2 (micro-batch x 2 x 1 ranks, as micro-batch x 1 x 2 before)." \
+        in out.stdout, out.stdout
+    k.run("%%distributed\nfrom jdist.rank.session import session\naccum = session().train.grad_accum")
+    assert _pull(k, "accum") == 2
 
 
 def test_resize_bad_input_is_one_line_each(kernel):
@@ -89,6 +99,8 @@ def test_resize_bad_input_is_one_line_each(kernel):
     assert "needs the new number of ranks: %dist resize -n 4" in out.shown, out.shown
     out = k.run("%dist resize --gpus 2", allow_error=True)
     assert "this cluster runs CPU ranks; resize it with -n 2" in out.shown, out.shown
+    out = k.run("%dist resize -n 1", allow_error=False)
+    assert "The cluster has 1 rank(s) already: nothing to resize." in out.stdout, out.stdout
     k.run("%dist stop")
     out = k.run("%dist resize -n 2", allow_error=True)
     assert "No jdist cluster is running, so there is nothing to resize" in out.shown, out.shown

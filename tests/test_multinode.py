@@ -341,6 +341,10 @@ def test_hosts_over_ssh_trains_ddp_across_two_nodes(bed, login):
     for node, iface in (("node1", "jdtb1"), ("node2", "jdtb2")):
         assert re.search(rf"network, host {node}: .*{iface} [\d.]+.*; the process group's interface: {iface}", doctor)
     assert re.search(r"clocks against the kernel's: node1 [+-][\d.]+ ms \(\+-[\d.]+ ms\), node2 [+-][\d.]+ ms", doctor)
+    # a resize past the hosts' room is one line, before anything stops (jdist.kernel.resize.check)
+    refused = login.run("%dist resize -n 3", allow_error=True)
+    assert ("%dist resize -n 3: --hosts node1:1,node2:1 has room for 2 rank(s), but -n 3 asks for 3" in refused.shown
+            and login.value("__import__('jdist.kernel.cluster', fromlist=['c']).current().running")), refused.shown
     print(f"\n--hosts 2 nodes x 1 rank: {ready(out)}, start+cell {out.elapsed:.1f} s")
     # the cluster stays for the tests below (SHARED); the killed-rank test stops it
 

@@ -201,6 +201,9 @@ class DistributedMagics(Magics):
     @argument("-n", type=int, default=None, dest="size", metavar="M",
               help="resize: the new number of ranks (CPU ranks, or GPUs on a --gpus cluster).")
     @argument("--gpus", type=int, default=None, metavar="M", help="resize: the new number of GPU ranks.")
+    @argument("--keep-global-batch", action="store_true",
+              help="resize: keep the samples per step by changing the gradient accumulation (else the global batch "
+                   "scales with the ranks).")
     @argument("--dir", default=None, metavar="PATH",
               help="resize: the folder for the state in transit (default: the run folder; several hosts need one "
                    "they share).")
@@ -312,7 +315,7 @@ class DistributedMagics(Magics):
             assert cluster is not None
             if args.gpus is not None and not cluster.config.gpus:
                 raise ValueError(f"%dist resize --gpus {size}: this cluster runs CPU ranks; resize it with -n {size}.")
-            _say(resize.resize(cluster, size, _say, args.dir))
+            _say(resize.resize(cluster, size, _say, args.dir, args.keep_global_batch))
         except ValueError as exc:
             raise usage_error(str(exc)) from None
 

@@ -42,6 +42,16 @@ def snapshot_dir(cluster: ClusterSession, directory: str | None) -> Path:
     return base.absolute() / f"{cluster.cluster_id or 'cluster'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+#: Backends whose state a resize cannot carry, and why (one line each).
+NOT_RESIZED = {
+    "deepspeed": "DeepSpeed's checkpoints load only on the world size that saved them (its universal checkpoint is "
+                 "an offline conversion, ds_to_universal, and a config of its own); save one with "
+                 "jdist.save_checkpoint, then %%distributed -n M --restart and load it there as DeepSpeed documents",
+    "tf": "TensorFlow ranks keep their state in their strategy's variables, which jdist does not reshard; save a "
+          "checkpoint, then %%distributed -n M --restart and restore it",
+}
+
+
 def check(cluster: ClusterSession | None, n: int) -> None:
     """One line for what cannot be resized, before anything stops."""
     if cluster is None:
@@ -49,6 +59,9 @@ def check(cluster: ClusterSession | None, n: int) -> None:
                          "%%distributed -n 2 (and resize it later).")
     if n < 1:
         raise ValueError(f"%dist resize -n {n}: a cluster needs at least 1 rank, e.g. %dist resize -n 2.")
+    why = NOT_RESIZED.get(cluster.config.backend)
+    if why:
+        raise ValueError(f"%dist resize: --backend {cluster.config.backend} is not resized: {why}.")
     from jdist.plugins import option_table
 
     from .probes import probe
@@ -63,9 +76,33 @@ def check(cluster: ClusterSession | None, n: int) -> None:
         raise ValueError(f"%dist resize -n {n}: {exc}{hint}") from None
 
 
+def accumulation(old: int, n: int, grad_accum: int, backend: str) -> int:
+    """The gradient accumulation that keeps the global batch (micro-batch x accumulation x ranks) from ``old`` to
+    ``n`` ranks; one line where no whole number does.
+
+    >>> accumulation(2, 1, 2, "ddp"), accumulation(4, 2, 1, "fsdp")
+    (4, 2)
+    >>> accumulation(2, 3, 1, "ddp")
+    Traceback (most recent call last):
+    ValueError: --keep-global-batch: 2 rank(s) x grad_accum 1 is 2 micro-batches a step, which 3 ranks cannot share evenly; resize to a number of ranks that divides 2 (1, 2), or leave --keep-global-batch out.
+    """
+    if backend == "horovod":
+        raise ValueError("--keep-global-batch: Horovod fixes its accumulation (backward_passes_per_step) when the "
+                         "optimizer is made; resize without it, or give grad_accum= in the set-up.")
+    total = old * grad_accum
+    if total % n:
+        fits = ", ".join(str(d) for d in range(1, total + 1) if total % d == 0)
+        raise ValueError(f"--keep-global-batch: {old} rank(s) x grad_accum {grad_accum} is {total} micro-batches a "
+                         f"step, which {n} ranks cannot share evenly; resize to a number of ranks that divides "
+                         f"{total} ({fits}), or leave --keep-global-batch out.")
+    return total // n
+
+
 def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | None = None,
-           directory: str | None = None) -> str:
-    """Resize ``cluster`` to ``n`` ranks, keeping its training (see the module doc); returns the report."""
+           directory: str | None = None, keep_global_batch: bool = False) -> str:
+    """Resize ``cluster`` to ``n`` ranks, keeping its training (see the module doc); returns the report.
+    ``keep_global_batch``: change the prepared models' gradient accumulation so that a step sees as many samples
+    as before (else the global batch scales with the ranks)."""
     say = progress or (lambda msg: None)
     check(cluster, n)
     old = cluster.config.n
@@ -78,6 +115,13 @@ def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | No
     say(f"Resizing {old} -> {n} ranks: saving the state of the {old} ranks...")
     manifest = cluster.call("elastic_snapshot", str(folder), timeout=cluster.config.timeout + 120)[0]
     times["snapshot"] = time.perf_counter() - t0
+    accum = None
+    if keep_global_batch:
+        try:
+            accum = accumulation(old, n, manifest["grad_accum"], manifest["backend"])
+        except ValueError:
+            shutil.rmtree(folder, ignore_errors=True)  # (nothing stopped: the snapshot is not needed)
+            raise
     entries, plan = cluster.recovery.take()
     t = time.perf_counter()
     cluster.stop()
@@ -108,7 +152,7 @@ def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | No
     if plan is not None and plan.latest:
         cluster.recovery.note_message({"kind": "checkpoint_saved", **plan.latest})
     try:
-        loaded = cluster.call("elastic_restore", str(folder), manifest, again,
+        loaded = cluster.call("elastic_restore", str(folder), manifest, again, accum,
                               timeout=cluster.config.timeout + 120)[0]
     except Exception as exc:
         evalue = getattr(exc, "evalue", None) or str(exc)
@@ -117,6 +161,7 @@ def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | No
     times["load"] = time.perf_counter() - t
     shutil.rmtree(folder, ignore_errors=True)
     lines = report(old, cluster.config.n, manifest, loaded, replayed, times, time.perf_counter() - t0)
+    lines.append("  " + batch_line(old, cluster.config.n, manifest, accum, loaded))
     for line in skipped:
         lines.append(f"  {line[0].upper()}{line[1:]} (what it defined is carried where it was alike on every rank).")
     if fallback is not None:
@@ -129,7 +174,8 @@ def report(old: int, new: int, manifest: dict[str, Any], loaded: dict[str, Any],
            times: dict[str, float], total: float) -> list[str]:
     """The resize's lines: sizes and times, what was carried, what was not.
 
-    >>> manifest = {"states": [{"model": "model", "optimizer": "opt", "scheduler": None}], "variables": ["losses"],
+    >>> manifest = {"states": [{"model": "model", "optimizer": "opt", "scheduler": None, "sharded": True}],
+    ...             "variables": ["losses"],
     ...             "variable_bytes": 120, "differ": ["x"], "unpicklable": [], "loaders": {}}
     >>> times = {"snapshot": 0.3, "stop": 0.4, "start": 3.9, "replay": 1.2, "load": 0.4}
     >>> print("\\n".join(report(2, 4, manifest, {"lr_factor": None, "loaders": {}}, 1, times, 6.2)))
@@ -142,7 +188,8 @@ def report(old: int, new: int, manifest: dict[str, Any], loaded: dict[str, Any],
     carried = []
     for st in manifest["states"]:
         with_ = [v for v in (st["optimizer"], st["scheduler"]) if v]
-        carried.append(st["model"] + (f" with {' and '.join(with_)}" if with_ else "") + f" (resharded to {new} ranks)")
+        how = f"resharded to {new} ranks" if st.get("sharded") else f"replicated on {new} ranks"
+        carried.append(st["model"] + (f" with {' and '.join(with_)}" if with_ else "") + f" ({how})")
     if loaded.get("lr_factor"):
         carried.append(f"learning rates x {loaded['lr_factor']:.3g} (jdist.scale_lr, {old} -> {new} ranks)")
     for name, line in loaded.get("loaders", {}).items():
@@ -160,4 +207,24 @@ def report(old: int, new: int, manifest: dict[str, Any], loaded: dict[str, Any],
     return lines
 
 
-__all__ = ["check", "report", "resize", "snapshot_dir"]
+def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, loaded: dict[str, Any]) -> str:
+    """What happened to the global batch (micro-batch x grad_accum x ranks) and the learning rate.
+
+    >>> print(batch_line(2, 4, {"grad_accum": 1}, None, {"lr_factor": None}))
+    Global batch: 2x (micro-batch x 1 x 4 ranks); the learning rate is the set-up's, not scaled for it (jdist.scale_lr in the set-up scales it; --keep-global-batch keeps the batch).
+    >>> print(batch_line(2, 4, {"grad_accum": 2}, 1, {"lr_factor": None}))
+    Global batch kept: grad_accum 2 -> 1 (micro-batch x 1 x 4 ranks, as micro-batch x 2 x 2 before).
+    """
+    before = manifest["grad_accum"]
+    if accum is not None:
+        return (f"Global batch kept: grad_accum {before} -> {accum} (micro-batch x {accum} x {new} ranks, as "
+                f"micro-batch x {before} x {old} before).")
+    ratio = new / old
+    said = f"Global batch: {ratio:.3g}x (micro-batch x {before} x {new} ranks); the learning rate is "
+    if loaded.get("lr_factor"):
+        return said + f"scaled with it (jdist.scale_lr: x {loaded['lr_factor']:.3g})."
+    return said + ("the set-up's, not scaled for it (jdist.scale_lr in the set-up scales it; --keep-global-batch "
+                   "keeps the batch).")
+
+
+__all__ = ["NOT_RESIZED", "accumulation", "batch_line", "check", "report", "resize", "snapshot_dir"]

@@ -130,7 +130,7 @@ def snapshot(directory: str) -> dict[str, Any]:
         path = folder / f"state-{i}"
         save_checkpoint(path, model=ns[names["model"]], optimizer=ns.get(names["optimizer"] or ""),
                         scheduler=ns.get(names["scheduler"] or ""))
-        saved.append({**names, "path": str(path)})
+        saved.append({**names, "path": str(path), "sharded": path.is_dir()})
     t_state = time.perf_counter() - t0
     from .data import ResumableLoader
 
@@ -146,7 +146,7 @@ def snapshot(directory: str) -> dict[str, Any]:
     ctx.comm.Barrier()
     return {"world_size": ctx.world_size, "states": saved, "loaders": loaders, "variables": sorted(carried),
             "variable_bytes": sizes, "differ": differ, "unpicklable": unpicklable,
-            "lr_rule": s.lr_rule,
+            "lr_rule": s.lr_rule, "grad_accum": s.train.grad_accum, "backend": s.backend_name,
             "seconds": {"state": t_state, "variables": time.perf_counter() - t1}}
 
 
@@ -176,11 +176,13 @@ def _variables(ns: dict[str, Any], ctx: Any) -> tuple[dict[str, Any], list[str],
     return carried, differ, unpicklable, sum(len(pickles[n]) for n in carried)
 
 
-def restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+def restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any] | None = None,
+            grad_accum: int | None = None) -> dict[str, Any]:
     """Load a :func:`snapshot` into what the replayed set-up cells built (the same variable names); collective.
     ``checkpoint``: ``jdist.checkpoint_every``'s settings (every, directory, keep, names: {object: variable}) to set
-    again, where the cell that set them was not replayed. Returns what was done: per loader where its epoch goes
-    on, the learning-rate factor re-applied, the seconds."""
+    again, where the cell that set them was not replayed; ``grad_accum``: the gradient accumulation to train with
+    from now on (``--keep-global-batch``). Returns what was done: per loader where its epoch goes on, the
+    learning-rate factor re-applied, the seconds."""
     from .checkpoint import checkpoint_every, load_checkpoint
 
     s = session()
@@ -195,6 +197,8 @@ def restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any]
         load_checkpoint(st["path"], model=ns[st["model"]], optimizer=ns.get(st["optimizer"] or ""),
                         scheduler=ns.get(st["scheduler"] or ""), restore_rng=False)
     factor = _relearn(ns, manifest, ctx.world_size)
+    if grad_accum is not None:
+        s.train.grad_accum = int(grad_accum)
     t_state = time.perf_counter() - t0
     loaders = {name: ns[name].resume_elastic(state, ctx.rank, ctx.world_size)
                for name, state in manifest["loaders"].items()}

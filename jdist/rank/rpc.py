@@ -138,12 +138,12 @@ def elastic_snapshot(directory: str) -> dict[str, Any]:
     return snapshot(directory)
 
 
-def elastic_restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+def elastic_restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any] | None = None,
+                    grad_accum: int | None = None) -> dict[str, Any]:
     """Load a resize's snapshot into the replayed set-up's variables (:func:`jdist.rank.elastic.restore`)."""
     from .elastic import restore
 
-    return restore(directory, manifest, checkpoint)
+    return restore(directory, manifest, checkpoint, grad_accum)
 
 
 def has_function(name: str) -> bool:
