@@ -113,6 +113,27 @@ class Option:
         return self.flags, kwargs
 
 
+def elastic_range(text: str) -> tuple[int, int]:
+    """``--elastic MIN:MAX`` as ``(MIN, MAX)``; one line with the fix for anything else.
+
+    >>> elastic_range("2:4")
+    (2, 4)
+    >>> elastic_range("3:2")
+    Traceback (most recent call last):
+    ValueError: --elastic 3:2: MIN must not be more than MAX, e.g. --elastic 2:3.
+    """
+    low, sep, high = str(text).partition(":")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = 0
+    if not sep or lo < 1 or hi < 1:
+        raise ValueError(f"--elastic {text}: give MIN:MAX ranks, both at least 1, e.g. --elastic 2:4.")
+    if lo > hi:
+        raise ValueError(f"--elastic {text}: MIN must not be more than MAX, e.g. --elastic {hi}:{lo}.")
+    return lo, hi
+
+
 def on_off(text: str) -> bool:
     """``on``/``off`` (also yes/no, true/false, 1/0) as a bool; argparse shows the error.
 
@@ -180,6 +201,11 @@ class ClusterConfig:
     auto_restart: bool = _option(False, ("--auto-restart",), "If the rank processes die, restart them at once, "
                                  "replay the set-up cells and restore the newest jdist.checkpoint_every checkpoint "
                                  "(--auto-restart off: no more).", Scope.LIVE, toggle=True)
+    elastic: str | None = _option(None, ("--elastic",), "MIN:MAX ranks: when ranks are lost (a rank's process "
+                                  "killed, a host gone), the cell fails as always and the cluster goes on at once "
+                                  "with those left (at least MIN) from the newest jdist.checkpoint_every "
+                                  "checkpoint, resharded; %%dist resize grows it again (up to MAX).", Scope.LIVE,
+                                  metavar="MIN:MAX")
     auto_metrics: bool = _option(True, ("--auto-metrics",), "Records without jdist.log: each optimizer step of "
                                  "a script or cell that does not call jdist.log is a record with its loss (the "
                                  "scalar it called .backward() on), step, compute and communication time and "
@@ -235,6 +261,16 @@ class ClusterConfig:
             from jdist.common.meshspec import parse_mesh
 
             parse_mesh(self.mesh, self.n)
+        if self.elastic is not None:
+            low, high = elastic_range(self.elastic)
+            if not low <= self.n <= high:
+                raise ValueError(f"--elastic {self.elastic} with {self.ranks_flag}: the ranks to start must be within "
+                                 f"MIN:MAX, e.g. --elastic {min(low, self.n)}:{max(high, self.n)}.")
+
+    @property
+    def elastic_range(self) -> tuple[int, int] | None:
+        """``--elastic``'s (MIN, MAX), None without it."""
+        return elastic_range(self.elastic) if self.elastic is not None else None
 
     @property
     def ranks_flag(self) -> str:

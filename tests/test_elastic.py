@@ -218,3 +218,48 @@ def test_a_tp_and_an_fsdp_plus_tp_model_the_code_built_are_resized_4_to_2_on_the
     k.run("%%distributed\n" + TP_TRAIN)  # and they train on the new mesh
     assert _pull(k, "fulls") != before
     k.run("%dist stop")
+
+
+ELASTIC_SETUP = """
+import os, signal, torch, torch.nn as nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.arange(120.0).unsqueeze(1))
+loader = jdist.prepare(DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=False)))
+model = jdist.prepare(nn.Linear(1, 1))
+opt = jdist.prepare(torch.optim.SGD(model.parameters(), lr=1e-3))
+jdist.checkpoint_every(4, CKPT, model=model, optimizer=opt, loader=loader)
+"""
+
+ELASTIC_TRAIN = """
+step = jdist.restored_step()
+for (x,) in loader:
+    loss = model(x / 100).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    step += 1
+    jdist.log(step=step, loss=loss.item())
+    if step == KILL_AT and rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)   # (what the OOM killer does)
+"""
+
+
+def test_elastic_goes_on_with_the_ranks_left_from_the_newest_checkpoint_and_resize_grows_back(kernel, tmp_path):
+    k = kernel
+    out = k.run("%%distributed -n 3 --elastic 3:2\npass", allow_error=True)
+    assert "--elastic 3:2: MIN must not be more than MAX, e.g. --elastic 2:3." in out.shown, out.shown
+    k.run(f"%%distributed -n 3 --elastic 2:3\nCKPT = {str(tmp_path / 'ck')!r}\n" + ELASTIC_SETUP)
+    out = k.run("%%distributed\nKILL_AT = 10\n" + ELASTIC_TRAIN, allow_error=True, timeout=240)
+    shown = out.shown
+    assert "rank 2 died: killed by SIGKILL" in shown, shown
+    assert "jdist: rank 2 is lost: went on with 2 rank(s) (--elastic 2:3). Restarted 2 rank(s) in " in shown, shown
+    assert "step-00000008 (step 8)" in shown, shown  # the newest checkpoint, made on 3 ranks
+    # 8 steps of 3 x 2 samples were consumed: the 72 left over 2 ranks, 18 steps each
+    assert "The loader was saved on 3 ranks, this cluster has 2: epoch 0 goes on from sample 48 of 120: the 72 " \
+           "left split over 2 ranks, 18 batch(es) each." in shown, shown
+    out = k.run("%%distributed --output all\nKILL_AT = -1\n" + ELASTIC_TRAIN + "print('world', world_size, step)",
+                timeout=240)
+    assert out.stdout.count("world 2 26") == 2, out.stdout
+    out = k.run("%dist resize -n 4", allow_error=True)
+    assert "this cluster runs with --elastic 2:3; resize within it" in out.shown, out.shown
+    out = k.run("%dist resize -n 3", timeout=240)
+    assert "Resized 2 -> 3 ranks in " in out.stdout, out.stdout
+    k.run("%dist stop")

@@ -503,6 +503,31 @@ def test_a_killed_remote_rank_is_detected_and_named(bed, login):
              what=f"no MPI segment left ({[shm_on(bed, node) for node in bed.nodes]} at first)")
 
 
+def test_elastic_goes_on_on_the_node_left_when_the_other_nodes_rank_is_killed(bed, login):
+    """--elastic 1:2 over ssh: node2's rank SIGKILLed mid-cell; the error names it and node2, the cluster goes on at
+    once with node1's rank from the newest checkpoint (in a folder both nodes see), and the next cell trains."""
+    ckpt = STATE / "kernels" / "login" / "elastic-ck"
+    login.run(f"%%distributed --hosts node1:1,node2:1 --timeout 30 --elastic 1:2\nimport os, time, torch\n"
+              f"model = jdist.prepare(torch.nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              f"jdist.checkpoint_every(5, {str(ckpt)!r}, model=model, optimizer=opt)\npid = os.getpid()")
+    login.run("%dist pull pid")
+    remote_pid = login.value("pid")[1]
+    msg = login.start("%%distributed\nfor i in range(1, 600):\n    loss = model(torch.ones(1, 2)).sum()\n"
+                      "    opt.zero_grad(); loss.backward(); opt.step(); jdist.log(step=i, loss=loss.item())\n"
+                      "    if i == 12:\n        print('trained', flush=True)\n    time.sleep(0.05)")
+    login.wait_for_stdout(msg, "trained", timeout=60)
+    bed.run("node2", ["kill", "-9", str(remote_pid)])
+    out = login.collect(msg, timeout=120)
+    text = strip_ansi(out.stdout + out.stderr + out.traceback)
+    assert "rank 1 died" in text and "node2" in text, text
+    assert "jdist: node2 went away (rank(s) 1 with it): went on with 1 rank(s) on node1 (--elastic 1:2)." in text, text
+    assert re.search(r"restored \S+step-000000\d\d \(step \d+\) into model, opt", text), text
+    out = login.run("%%distributed --output all\nimport socket\nloss = model(torch.ones(1, 2)).sum()\n"
+                    "opt.zero_grad(); loss.backward(); opt.step()\nprint('on', socket.gethostname(), world_size)")
+    assert out.stdout.count("on node1 1") == 1 and "node2" not in out.stdout, out.stdout
+    login.run("%dist stop", allow_error=True)
+
+
 def left_after_kill(bed: Any) -> list[str]:
     """What a killed kernel's cluster left on the nodes: engines, controller, launchers, reaper, a Slurm job,
     MPI shared memory."""

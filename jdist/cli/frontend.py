@@ -22,6 +22,8 @@ SCRIPT = Frontend(
         "no_dashboard": "the terminal shows the live panel or plain lines instead (--no-live)",
         "restart": "each jdist run starts its own ranks",
         "auto_restart": "the run ends when a rank dies (jdist run again, or train with jdist.checkpoint_every)",
+        "elastic": "jdist run does not restart its script on the ranks left yet (jdist run again with fewer ranks: "
+                   "jdist.load_checkpoint reshards its checkpoint)",
         "debug_ranks": "breakpoint() prompts need a notebook (%%distributed --debug-ranks, or %dist attach a "
                        "jdist run --keep)",
     },

@@ -147,13 +147,18 @@ class DistributedMagics(Magics):
         raw = self.shell.history_manager.input_hist_raw
         result = run_cell(cluster, cell, opts, ranks=ranks, debug_ranks=debug_ranks, raw=raw[-1] if raw else None)
         notes = []
-        if result.death is not None and cluster.config.auto_restart:
+        world = cluster.config.n
+        if result.death is not None and cluster.config.elastic:
+            from .resize import go_on_after_loss
+
+            notes.append(go_on_after_loss(cluster, result.death, _say))
+        elif result.death is not None and cluster.config.auto_restart:
             _say(f"jdist: rank {result.death.rank} died ({result.death.cause}); restarting (--auto-restart)...")
             notes.append(recovery.restart(cluster, _say))
         elif result.unusable:
             _say("jdist: the ranks' collectives cannot be used again in their processes; restarting the ranks...")
             notes.append(recovery.restart(cluster, _say))
-        raise_for_result(result, cluster.config.n, notes)
+        raise_for_result(result, world, notes)
 
     def _check_syntax(self, cell: str) -> None:
         try:

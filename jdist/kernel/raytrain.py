@@ -67,6 +67,7 @@ RAY = Frontend(
         "auto_metrics": "Ray Train's workers report through ray.train.report (jdist.ray.fit records it) and "
                         "jdist.log; no optimizer hooks are installed in Ray's processes",
         "mesh": "each Ray worker builds its own device mesh (init_device_mesh in train_loop_per_worker)",
+        "elastic": "Ray Train restarts its own workers after a failure (RunConfig(failure_config=FailureConfig(...)))",
     },
 )
 

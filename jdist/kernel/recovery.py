@@ -57,8 +57,9 @@ def restart(cluster: ClusterSession, progress: Callable[[str], None] | None = No
                                        "keep": ckpt.keep, "names": ckpt.names})
     cluster.recovery.note_message({"kind": "checkpoint_saved", "path": restored["path"], "step": restored["step"]})
     names = ", ".join(v for v in ckpt.names.values() if v)
-    return (f"{text}; restored {restored['path']} (step {restored['step']}) into {names}. Lost: only the steps "
-            f"after {restored['step']}. Re-run the training cell; jdist.restored_step() is {restored['step']}.")
+    notes = "".join(f" {line[0].upper()}{line[1:]}." for line in restored.get("notes") or ())
+    return (f"{text}; restored {restored['path']} (step {restored['step']}) into {names}.{notes} Lost: only the "
+            f"steps after {restored['step']}. Re-run the training cell; jdist.restored_step() is {restored['step']}.")
 
 
 def replay(cluster: ClusterSession, entries: list[Entry], say: Callable[[str], None],

@@ -62,6 +62,10 @@ def check(cluster: ClusterSession | None, n: int) -> None:
     why = NOT_RESIZED.get(cluster.config.backend)
     if why:
         raise ValueError(f"%dist resize: --backend {cluster.config.backend} is not resized: {why}.")
+    bounds = cluster.config.elastic_range
+    if bounds and not bounds[0] <= n <= bounds[1]:
+        raise ValueError(f"%dist resize -n {n}: this cluster runs with --elastic {bounds[0]}:{bounds[1]}; resize "
+                         f"within it, or give a cell --elastic with a range that holds {n}.")
     from jdist.plugins import option_table
 
     from .probes import probe
@@ -207,6 +211,51 @@ def report(old: int, new: int, manifest: dict[str, Any], loaded: dict[str, Any],
     return lines
 
 
+def lost(cluster: ClusterSession, death: Any) -> tuple[list[int], str | None]:
+    """The ranks a death lost, and the host they were on when the cluster spans hosts (``--hosts``): then every rank
+    of that host is taken as lost (a host that lost a rank, its network or its processes, is not trusted with the
+    others), as a node's failure is in torchrun's elastic agent; on one machine, the rank that died."""
+    hosts = {info["rank"]: info["host"] for info in cluster.ranks}
+    if death.rank is None:
+        return [], None
+    if cluster.config.get("hosts") and len(set(hosts.values())) > 1:
+        host = hosts.get(death.rank)
+        return sorted(r for r, h in hosts.items() if h == host), host
+    return [death.rank], None
+
+
+def go_on_after_loss(cluster: ClusterSession, death: Any, progress: Callable[[str], None] | None = None) -> str:
+    """``--elastic MIN:MAX``: after ranks were lost, start the cluster again at once on what is left (at least MIN),
+    replay the set-up cells and restore the newest ``jdist.checkpoint_every`` checkpoint, resharded to the ranks
+    left (:func:`jdist.kernel.recovery.restart`); the line saying so. Fewer than MIN left: nothing is started."""
+    from jdist.kernel.launch.remote import parse_hosts
+
+    from . import recovery
+
+    say = progress or (lambda msg: None)
+    low, high = cluster.config.elastic_range or (1, cluster.config.n)
+    ranks, host = lost(cluster, death)
+    left = cluster.config.n - len(ranks)
+    what = (f"{host} went away (rank(s) {', '.join(map(str, ranks))} with it)" if host else
+            f"rank {death.rank} is lost")
+    if left < low:
+        return (f"jdist: {what}: {left} rank(s) left, fewer than --elastic {low}:{high} allows; run %dist restart "
+                f"for {cluster.config.n} fresh ranks, or %dist resize -n N once capacity is back.")
+    changes: dict[str, Any] = {"n": left}
+    if host:
+        changes["hosts"] = ",".join(f"{h}:{c}" for h, c in parse_hosts(cluster.config.get("hosts")) if h != host)
+    if cluster.config.get("nodes"):
+        changes["nodes"] = min(cluster.config.get("nodes"), left)
+    cluster.config = cluster.config.replace(**changes)
+    say(f"jdist: {what}: going on with {left} rank(s) (--elastic {low}:{high})...")
+    done = recovery.restart(cluster, say)
+    where = ""
+    if host:
+        others = sorted({info["host"] for info in cluster.ranks})
+        where = f" on {', '.join(others)}"
+    return f"jdist: {what}: went on with {left} rank(s){where} (--elastic {low}:{high}). {done}"
+
+
 def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, loaded: dict[str, Any]) -> str:
     """What happened to the global batch (micro-batch x grad_accum x ranks) and the learning rate.
 
@@ -227,4 +276,5 @@ def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, 
                    "keeps the batch).")
 
 
-__all__ = ["NOT_RESIZED", "accumulation", "batch_line", "check", "report", "resize", "snapshot_dir"]
+__all__ = ["NOT_RESIZED", "accumulation", "batch_line", "check", "go_on_after_loss", "lost", "report", "resize",
+           "snapshot_dir"]

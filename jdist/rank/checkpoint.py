@@ -132,11 +132,13 @@ def _replace(tmp: Path, path: Path) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                    loader: Any = None, restore_rng: bool = True) -> dict[str, Any]:
+                    loader: Any = None, restore_rng: bool = True, notes: list[str] | None = None) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` saved into the given (prepared) objects, on every rank.
 
     Returns ``{"step": ..., **extra}``. RNG states are restored per rank when the world
-    size matches (a warning is printed otherwise). The backend must be the one that saved.
+    size matches. The backend must be the one that saved. Saved on another number of ranks, sharded state is
+    resharded and a prepared loader goes on with the samples of its epoch not yet seen; what differs is said in a
+    line on rank 0 (``notes``: appended to that list instead, on every rank).
 
     >>> state = jdist.load_checkpoint("ckpt/step-10", model=model, optimizer=opt)  # doctest: +SKIP
     """
@@ -171,16 +173,25 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any = None, optimizer: An
         from .training import scaler
 
         scaler(s).load_state_dict(meta["scaler"])
+    said: list[str] = []
     if loader is not None and meta.get("loader") is not None:
         if not hasattr(loader, "load_state_dict"):
             raise TypeError("load_checkpoint(loader=...) takes the loader jdist.prepare returned.")
+        loader.note = None
         loader.load_state_dict(meta["loader"])
+        if getattr(loader, "note", None):
+            said.append(loader.note)
     if restore_rng and meta.get("rng"):
         if len(meta["rng"]) == ctx.world_size:
             _set_rng_state(ctx, meta["rng"][ctx.rank])
-        elif ctx.rank == 0:
-            print(f"jdist: {path} was saved by {len(meta['rng'])} ranks, this cluster has {ctx.world_size}: "
-                  "random number generator states were not restored.")
+        else:
+            said.append(f"{path} was saved by {len(meta['rng'])} ranks, this cluster has {ctx.world_size}: "
+                        "random number generator states were not restored")
+    if notes is not None:
+        notes.extend(said)
+    elif ctx.rank == 0:
+        for line in said:
+            print(f"jdist: {line}.")
     s.restored_step = int(meta.get("step") or 0)
     return {"step": meta.get("step"), **(meta.get("extra") or {})}
 
@@ -299,6 +310,7 @@ def restore_latest(directory: str, names: dict[str, str | None], every: int, kee
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {directory}")
     loadable = {k: v for k, v in objects.items() if k in ("model", "optimizer", "scheduler", "loader")}
-    state = load_checkpoint(path, **loadable)
+    notes: list[str] = []
+    state = load_checkpoint(path, **loadable, notes=notes)
     checkpoint_every(every, directory, keep=keep, **objects)
-    return {"path": str(path), "step": state.get("step")}
+    return {"path": str(path), "step": state.get("step"), "notes": notes}

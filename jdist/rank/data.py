@@ -57,6 +57,7 @@ class ResumableLoader:
         #: after a resize: (epoch, samples of it consumed before, this rank's batches of the rest, world size)
         self._elastic: tuple[int, int, list[list[int]], int] | None = None
         self._pass: tuple[int, int] = (0, 0)  # the current pass's (samples consumed before it, its world size)
+        self.note: str | None = None  # what the last load_state_dict did beyond the usual, in words
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch``: ``sampler.set_epoch`` (reshuffles a DistributedSampler)."""
@@ -121,12 +122,29 @@ class ResumableLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch": e, "position": batches already handed out in epoch e}``."""
-        return {"epoch": self.epoch, "position": self.position}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch": e, "position": batches already handed out in epoch e}``, and where the sampler is a
+        DistributedSampler the world size and the samples of the epoch all ranks consumed (:meth:`elastic_state`:
+        what a checkpoint loaded on another number of ranks goes on from)."""
+        state: dict[str, Any] = {"epoch": self.epoch, "position": self.position}
+        world = _world_size()
+        if world is not None:
+            elastic = self.elastic_state(world)
+            if "why" not in elastic:
+                state.update(world_size=world, consumed=elastic["consumed"], size=elastic["size"])
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume: set the epoch, and skip ``position`` batches on the next pass over it."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: set the epoch, and skip ``position`` batches on the next pass over it; saved on another number
+        of ranks, go on with the samples of the epoch not yet consumed, split over these (:meth:`resume_elastic`;
+        :attr:`note` says so, which :func:`jdist.load_checkpoint` passes on)."""
+        world = _world_size()
+        if world is not None and state.get("world_size") not in (None, world) and "consumed" in state:
+            from .session import session
+
+            line = self.resume_elastic(state, session().ctx.rank, world)
+            self.note = f"the loader was saved on {state['world_size']} ranks, this cluster has {world}: {line}"
+            return
         self.set_epoch(int(state["epoch"]))
         self._resume = (int(state["epoch"]), int(state["position"]))
         self.position = int(state["position"])
@@ -193,3 +211,12 @@ class ResumableLoader:
 
     def __repr__(self) -> str:
         return f"ResumableLoader({self.loader!r}, epoch={self.epoch}, position={self.position})"
+
+
+def _world_size() -> int | None:
+    """This rank's world size, None outside a jdist rank session (none is opened for it)."""
+    import sys
+
+    sessions = sys.modules.get("jdist.rank.session")  # (jdist.rank.session is also the function's name)
+    current = sessions._current if sessions is not None else None
+    return int(current.ctx.world_size) if current is not None else None

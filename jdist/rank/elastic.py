@@ -195,7 +195,7 @@ def restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any]
                         f"loaded (it is kept in {directory}): define them and load it with jdist.load_checkpoint.")
     for st in manifest["states"]:
         load_checkpoint(st["path"], model=ns[st["model"]], optimizer=ns.get(st["optimizer"] or ""),
-                        scheduler=ns.get(st["scheduler"] or ""), restore_rng=False)
+                        scheduler=ns.get(st["scheduler"] or ""), restore_rng=False, notes=[])
     factor = _relearn(ns, manifest, ctx.world_size)
     if grad_accum is not None:
         s.train.grad_accum = int(grad_accum)
