@@ -6,7 +6,8 @@ the checkpoint plan, noted as they happen). After the rank processes died (all o
 job), :func:`restart` starts fresh ranks, replays those in order, each set-up cell with the options it ran with, and, if
 ``jdist.checkpoint_every`` had saved a checkpoint, loads the newest one into the same variables.
 Training cells are not replayed: re-run them, starting from ``jdist.restored_step()``. Nothing is
-lost beyond the last checkpoint.
+lost beyond the last checkpoint. A set-up cell that fails in the replay (one that only read the training state,
+say) is named as skipped and the replay goes on; a rank's death in it ends the restart.
 
 Example:
     >>> print(restart(cluster))        # doctest: +SKIP
@@ -40,10 +41,10 @@ def restart(cluster: ClusterSession, progress: Callable[[str], None] | None = No
         return restarted + "; variables on the ranks are lost (--fresh)."
     if not entries and not (ckpt and ckpt.latest):
         return restarted + "; there was nothing to restore (no set-up cells, no checkpoint)."
-    replayed, _, failure = replay(cluster, entries, say)
+    replayed, skipped, failure = replay(cluster, entries, say, keep_going=True)
     if failure is not None:
         return f"{restarted}; {failure}"
-    text = f"{restarted}; replayed {replayed} set-up cell(s)"
+    text = f"{restarted}; replayed {replayed} set-up cell(s)" + "".join(f" ({line})" for line in skipped)
     if ckpt is None:
         return text + "; jdist.checkpoint_every was not used, so training progress is lost."
     try:
