@@ -424,3 +424,34 @@ def test_a_run_that_ended_exits_even_when_its_clean_up_does_not():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 137 and time.monotonic() - t0 < 30, out
     assert out.stdout == "exiting took over 0.5 s (a clean-up did not end): exiting now\n", out.stdout
+
+
+ELASTIC = """import os, signal, torch, torch.distributed as dist, jdist
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "-1"))
+rank, world = dist.get_rank(), dist.get_world_size()
+ckpt = "state.pt"
+step = torch.load(ckpt)["step"] if os.path.exists(ckpt) else 0   # the script's own checkpoint
+print(f"attempt {attempt} rank {rank} world {world} from step {step}", flush=True)
+while step < 12:
+    t = torch.ones(1); dist.all_reduce(t); step += 1
+    jdist.log(step=step, loss=float(t))
+    if rank == 0:
+        torch.save({"step": step}, ckpt + ".tmp"); os.replace(ckpt + ".tmp", ckpt)
+    dist.barrier()
+    if attempt == 0 and step == 5 and rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+print(f"done rank {rank} world {world} step {step} sum {float(t)}", flush=True)
+"""
+
+
+def test_jdist_run_elastic_restarts_the_script_on_the_ranks_left_as_torchrun_does(work):
+    (work / "elastic.py").write_text(ELASTIC)
+    out = jdist("run", "-n", "3", "--elastic", "2:3", "--no-live", "elastic.py")
+    assert out.returncode == 0, out.stderr
+    assert "attempt 0 rank 0 world 3 from step 0" in out.stdout, out.stdout  # (rank 0's output, as by default)
+    assert ("rank 2 is lost: restarting the script on 2 rank(s) (--elastic 2:3, restart 1 of at most 3; "
+            "TORCHELASTIC_RESTART_COUNT=1)") in out.stderr, out.stderr
+    assert "rank 2 died: killed by SIGKILL" in out.stderr, out.stderr  # (the attempt's error, said first)
+    assert "attempt 1 rank 0 world 2 from step 5" in out.stdout, out.stdout  # its own checkpoint
+    assert "done rank 0 world 2 step 12 sum 2.0" in out.stdout, out.stdout  # (the all-reduce of 2 ranks)
+    # (fewer than MIN left ends the run with the death's code: after_loss's None, tests/test_elastic.py)

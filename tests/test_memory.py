@@ -128,6 +128,4 @@ def test_a_rank_the_oom_killer_ends_under_its_memory_limit_is_said_with_its_grow
                 break
             except OSError:
                 time.sleep(0.1)
-    k.run("%dist restart", timeout=120)
-    out = k.run("%%distributed --output all\nprint('after', torch.ones(4).sum().item())")
-    assert out.stdout.count("after 4.0") == 2, out.stdout
+    # (the ranks are gone: the module's kernel stops with them; %dist restart after a death is test_faults.py's)

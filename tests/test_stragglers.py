@@ -127,7 +127,7 @@ def test_a_rank_waiting_for_its_dataloader_is_named_with_data_as_the_cause_and_a
     clean = kernel.run("%%distributed\ntrain(slow_rank=None, seconds=8)")
     assert "slower than the others" not in clean.stdout, clean.stdout
     assert kernel.value("jdist.last_run().stragglers") == []
-    out = kernel.run("%%distributed\ntrain(slow_rank=2, seconds=5)")
+    out = kernel.run("%%distributed\ntrain(slow_rank=2, seconds=4)")
     lines = [line for line in out.stdout.splitlines() if line.startswith("jdist: rank 2 is slower than the others: ")]
     assert len(lines) == 1, out.stdout  # once, live (the run's summary repeats it as "straggler: ...")
     assert f"straggler: {lines[0][len('jdist: '):]}" in out.stdout
@@ -143,13 +143,15 @@ def test_a_rank_waiting_for_its_dataloader_is_named_with_data_as_the_cause_and_a
         return  # (one core: nothing to starve it against)
     kernel.run("%%distributed\n" + STARVE)
     try:
-        out = kernel.run("%%distributed\ntrain(slow_rank=None, seconds=5)")
+        out = kernel.run("%%distributed\ntrain(slow_rank=None, seconds=4)")
     finally:
         kernel.run("%%distributed\nunstarve()")
     lines = [line for line in out.stdout.splitlines() if line.startswith("jdist: rank 2 is slower than the others: ")]
     assert len(lines) == 1 and "it waits for a CPU " in lines[0], out.stdout
     assert lines[0].endswith(", or CPU steal, take its cores)."), lines
-    assert kernel.value("[s.cause for s in jdist.last_run().stragglers]") == ["host load"]
+    # rank 2 by its cause (under the suite, another test's processes share these two cores: a rank of the first
+    # core may be named too, for its own computation)
+    assert (2, "host load") in kernel.value("[(s.rank, s.cause) for s in jdist.last_run().stragglers]")
 
 
 STARVE = """

@@ -41,6 +41,9 @@ def run_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", type=float, nargs="?", const=30.0, default=None, metavar="MINUTES",
                         help="After the script, keep the ranks with its variables for a notebook's %%%%dist attach RUN "
                              "on this machine (default: 30 minutes, then they stop).")
+    parser.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="With --elastic: restart the script on the ranks left at most N times (default 3); "
+                             "it sees TORCHELASTIC_RESTART_COUNT and resumes from its own checkpoint.")
     parser.add_argument("script", help="The Python script every rank runs as __main__.")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="Its arguments, passed as given.")
 

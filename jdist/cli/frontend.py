@@ -15,15 +15,13 @@ SCRIPT = Frontend(
     "jdist run",
     honours=frozenset({"n", "gpus", "backend", "launcher", "encrypt", "timeout", "port", "threads", "precision",
                        "watchdog", "interrupt_grace", "start_timeout", "output", "run_dir", "cluster",
-                       "auto_metrics", "mesh"}),
+                       "auto_metrics", "mesh", "elastic"}),
     plugins=frozenset({"launcher", "backend", "sink"}),
     refuses={
         "targets": "the script runs on every rank (select ranks inside it: if rank == 0)",
         "no_dashboard": "the terminal shows the live panel or plain lines instead (--no-live)",
         "restart": "each jdist run starts its own ranks",
         "auto_restart": "the run ends when a rank dies (jdist run again, or train with jdist.checkpoint_every)",
-        "elastic": "jdist run does not restart its script on the ranks left yet (jdist run again with fewer ranks: "
-                   "jdist.load_checkpoint reshards its checkpoint)",
         "debug_ranks": "breakpoint() prompts need a notebook (%%distributed --debug-ranks, or %dist attach a "
                        "jdist run --keep)",
     },

@@ -96,15 +96,19 @@ class Signals:
         raise Terminate(signum)
 
 
-def script_code(script: Path, args: list[str]) -> str:
+def script_code(script: Path, args: list[str], restarts: int | None = None) -> str:
     """The code each rank runs: IPython's ``%run`` of ``script`` with ``args`` (no glob or ``$var``
-    expansion: the arguments arrive as given).
+    expansion: the arguments arrive as given); with ``restarts`` (``--elastic``), first
+    ``$TORCHELASTIC_RESTART_COUNT`` set to it, as torchrun's elastic agent sets it for the script it restarts.
 
     >>> script_code(Path("/w/train.py"), ["--lr", "3e-4", "a b"])
     'get_ipython().find_line_magic("run")("-G /w/train.py --lr 3e-4 \\'a b\\'")'
     """
     line = " ".join(shlex.quote(a) for a in ["-G", str(script), *args])
-    return f'get_ipython().find_line_magic("run")({json.dumps(line)})'
+    code = f'get_ipython().find_line_magic("run")({json.dumps(line)})'
+    if restarts is not None:
+        code = f'__import__("os").environ["TORCHELASTIC_RESTART_COUNT"] = "{restarts}"\n' + code
+    return code
 
 
 def exit_code_of(result: Any) -> int:
@@ -246,18 +250,29 @@ def run(args: Any, say: Callable[[str], None]) -> int:
             if failed is not None:
                 return failed
             title = f"jdist run {script.name}"
-            sup = CellSupervisor(cluster, script_code(script, list(args.script_args)), None, opts.output,
-                                 sinks_for(opts, live, title, args.every), run_code=f"# $ {command}\n" + _text(script),
-                                 show=_show_display, rebuild=args.keep is not None)
-            run_ = sup.records.ensure_run()  # the run folder exists from the start: the sidebar shows it
-            assert run_.path is not None
-            say(f"run {run_.run_id}: {run_.path}")
-            try:
-                result = sup.run()
-            except (Terminate, KeyboardInterrupt) as exc:  # (an interrupt after the cell: while draining)
-                signum = exc.signum if isinstance(exc, Terminate) else signal.SIGINT
-                sup.records.finish("interrupted", f"terminated by {signal.Signals(signum).name}")
-                raise Terminate(signum) from None
+            restarts = 0
+            while True:
+                sup = CellSupervisor(cluster, script_code(script, list(args.script_args),
+                                                          restarts if config.elastic else None), None, opts.output,
+                                     sinks_for(opts, live, title, args.every),
+                                     run_code=f"# $ {command}\n" + _text(script), show=_show_display,
+                                     rebuild=args.keep is not None)
+                run_ = sup.records.ensure_run()  # the run folder exists from the start: the sidebar shows it
+                assert run_.path is not None
+                say(f"run {run_.run_id}: {run_.path}")
+                try:
+                    result = sup.run()
+                except (Terminate, KeyboardInterrupt) as exc:  # (an interrupt after the cell: while draining)
+                    signum = exc.signum if isinstance(exc, Terminate) else signal.SIGINT
+                    sup.records.finish("interrupted", f"terminated by {signal.Signals(signum).name}")
+                    raise Terminate(signum) from None
+                if result.obs.death is None or not config.elastic:
+                    break
+                smaller = elastic_restart(cluster, result, restarts, args.max_restarts, title, say)
+                if smaller is None:
+                    break
+                restarts += 1
+                config = smaller
             signals.armed = False
             busy = bool(result.obs.stuck)  # ranks that did not stop after the interrupt are ended
             code = exit_code_of(result)
@@ -290,6 +305,28 @@ def run(args: Any, say: Callable[[str], None]) -> int:
                     os.kill(controller, signal.SIGTERM)
                 except OSError:
                     pass
+
+
+def elastic_restart(cluster: Any, result: Any, restarts: int, max_restarts: int, title: str,
+                    say: Callable[[str], None]) -> Any:
+    """``--elastic`` after a death: the ranks left (at least MIN) started again for the script's next attempt, which
+    resumes from its own checkpoint, as under torchrun's elastic agent; their configuration, or None when the run
+    ends here (more than ``max_restarts``, or fewer than MIN left), said in one line either way."""
+    from jdist.kernel.resize import after_loss
+
+    low, high = cluster.config.elastic_range
+    smaller, what, short = after_loss(cluster, result.obs.death)
+    if smaller is None or restarts >= max_restarts:
+        why = short if smaller is None else f"it was restarted {restarts} time(s) already (--max-restarts {max_restarts})"
+        say(f"{title}: {what}: not restarted: {why}")
+        return None
+    for line in outcome_lines(result, cluster.config.n, []):  # (the attempt's error, as the run's end would say it)
+        print(line if sys.stderr.isatty() else strip_ansi(line), file=sys.stderr)
+    say(f"{title}: {what}: restarting the script on {smaller.n} rank(s) (--elastic {low}:{high}, restart "
+        f"{restarts + 1} of at most {max_restarts}; TORCHELASTIC_RESTART_COUNT={restarts + 1})...")
+    cluster.config = smaller
+    cluster.restart(say)
+    return smaller
 
 
 def start(cluster: Any, say: Callable[[str], None]) -> int | None:

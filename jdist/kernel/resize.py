@@ -224,36 +224,45 @@ def lost(cluster: ClusterSession, death: Any) -> tuple[list[int], str | None]:
     return [death.rank], None
 
 
-def go_on_after_loss(cluster: ClusterSession, death: Any, progress: Callable[[str], None] | None = None) -> str:
-    """``--elastic MIN:MAX``: after ranks were lost, start the cluster again at once on what is left (at least MIN),
-    replay the set-up cells and restore the newest ``jdist.checkpoint_every`` checkpoint, resharded to the ranks
-    left (:func:`jdist.kernel.recovery.restart`); the line saying so. Fewer than MIN left: nothing is started."""
+def after_loss(cluster: ClusterSession, death: Any) -> tuple[Any, str, str | None]:
+    """``--elastic MIN:MAX`` after ``death``: the cluster's configuration for the ranks left (None: fewer than MIN),
+    what was lost in words, and the line to say when nothing goes on."""
     from jdist.kernel.launch.remote import parse_hosts
 
-    from . import recovery
-
-    say = progress or (lambda msg: None)
     low, high = cluster.config.elastic_range or (1, cluster.config.n)
     ranks, host = lost(cluster, death)
     left = cluster.config.n - len(ranks)
     what = (f"{host} went away (rank(s) {', '.join(map(str, ranks))} with it)" if host else
             f"rank {death.rank} is lost")
     if left < low:
-        return (f"jdist: {what}: {left} rank(s) left, fewer than --elastic {low}:{high} allows; run %dist restart "
-                f"for {cluster.config.n} fresh ranks, or %dist resize -n N once capacity is back.")
+        return None, what, f"{left} rank(s) left, fewer than --elastic {low}:{high} allows"
     changes: dict[str, Any] = {"n": left}
     if host:
         changes["hosts"] = ",".join(f"{h}:{c}" for h, c in parse_hosts(cluster.config.get("hosts")) if h != host)
     if cluster.config.get("nodes"):
         changes["nodes"] = min(cluster.config.get("nodes"), left)
-    cluster.config = cluster.config.replace(**changes)
-    say(f"jdist: {what}: going on with {left} rank(s) (--elastic {low}:{high})...")
+    return cluster.config.replace(**changes), what, None
+
+
+def go_on_after_loss(cluster: ClusterSession, death: Any, progress: Callable[[str], None] | None = None) -> str:
+    """``--elastic MIN:MAX``: after ranks were lost, start the cluster again at once on what is left (at least MIN),
+    replay the set-up cells and restore the newest ``jdist.checkpoint_every`` checkpoint, resharded to the ranks
+    left (:func:`jdist.kernel.recovery.restart`); the line saying so. Fewer than MIN left: nothing is started."""
+    from . import recovery
+
+    say = progress or (lambda msg: None)
+    low, high = cluster.config.elastic_range or (1, cluster.config.n)
+    config, what, short = after_loss(cluster, death)
+    if config is None:
+        return (f"jdist: {what}: {short}; run %dist restart for {cluster.config.n} fresh ranks, or %dist resize -n N "
+                "once capacity is back.")
+    cluster.config = config
+    say(f"jdist: {what}: going on with {config.n} rank(s) (--elastic {low}:{high})...")
     done = recovery.restart(cluster, say)
     where = ""
-    if host:
-        others = sorted({info["host"] for info in cluster.ranks})
-        where = f" on {', '.join(others)}"
-    return f"jdist: {what}: went on with {left} rank(s){where} (--elastic {low}:{high}). {done}"
+    if config.get("hosts"):
+        where = f" on {', '.join(sorted({info['host'] for info in cluster.ranks}))}"
+    return f"jdist: {what}: went on with {config.n} rank(s){where} (--elastic {low}:{high}). {done}"
 
 
 def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, loaded: dict[str, Any]) -> str:
@@ -276,5 +285,5 @@ def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, 
                    "keeps the batch).")
 
 
-__all__ = ["NOT_RESIZED", "accumulation", "batch_line", "check", "go_on_after_loss", "lost", "report", "resize",
-           "snapshot_dir"]
+__all__ = ["NOT_RESIZED", "accumulation", "after_loss", "batch_line", "check", "go_on_after_loss", "lost", "report",
+           "resize", "snapshot_dir"]

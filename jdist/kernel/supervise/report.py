@@ -166,8 +166,8 @@ def raise_for_result(result: CellResult, world_size: int, notes: Sequence[str] =
         else:
             lines = [f"hang: no progress for {result.watchdog_s:g} s and every running rank waits in a collective "
                      "(--watchdog).", *[f"  rank {r}: {waiting_phrase(w)}" for r, w in sorted(obs.hang.items())]]
-        if not obs.alone:  # (the first line names them)
-            lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+        lines += [f"  rank {r}: finished the cell (it never called the matching collective)" for r in finished]
+        if not obs.alone:
             lines += mismatch_lines(obs.collectives or {}, obs.hang, world_size)
         raise HangError(*lines, *extra)
     if result.interrupted:
