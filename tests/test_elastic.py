@@ -50,7 +50,7 @@ def _pull(k, name):
     return k.value(name)
 
 
-def test_ddp_resized_2_3_1_keeps_parameters_optimizer_learning_rate_and_each_sample_once(kernel):
+def test_ddp_resized_2_3_2_keeps_parameters_optimizer_learning_rate_and_each_sample_once(kernel):
     k = kernel
     k.run("%%distributed -n 2 --backend ddp\n" + DDP_SETUP)
     k.run("%%distributed\nBATCHES = 5\n" + DDP_TRAIN)
@@ -77,14 +77,17 @@ def test_ddp_resized_2_3_1_keeps_parameters_optimizer_learning_rate_and_each_sam
     k.run("%%distributed\nBATCHES = 10 ** 6\n" + DDP_TRAIN)  # the rest of the epoch on 3 ranks
     epoch = _pull(k, "seen")  # 40 samples on 2 ranks, then 54 on 3: each of the 94 once
     assert sorted(epoch) == list(range(94)), (len(epoch), sorted(set(range(94)) - set(epoch)))
-    # 3 ranks x 1 micro-batch a step: kept on 1 rank with 3 (the epoch was done: the next one starts)
-    out = k.run("%dist resize -n 1 --keep-global-batch", timeout=180)
-    assert "Resized 3 -> 1 ranks in " in out.stdout and "epoch 0 was done: it goes on with epoch 1" in out.stdout, \
+    out = k.run("%dist resize -n 2", timeout=180)
+    assert "Resized 3 -> 2 ranks in " in out.stdout and "epoch 0 was done: it goes on with epoch 1" in out.stdout, \
         out.stdout
-    assert "Global batch kept: grad_accum 1 -> 3 (micro-batch x 3 x 1 ranks, as micro-batch x 1 x 3 before)." \
-        in out.stdout, out.stdout
+    k.run("%%distributed\n" + STATE)
+    assert _pull(k, "lr") == pytest.approx(0.02)
+    # 2 ranks x 1 micro-batch a step, kept on 1 rank with 2; the learning rate stays (the batch did not change)
+    out = k.run("%dist resize -n 1 --keep-global-batch", timeout=180)
+    assert "Global batch kept: grad_accum 1 -> 2 (micro-batch x 2 x 1 ranks, as micro-batch x 1 x 2 before)." \
+        in out.stdout and "learning rates x" not in out.stdout, out.stdout
     k.run("%%distributed\nfrom jdist.rank.session import session\naccum = session().train.grad_accum\n" + STATE)
-    assert _pull(k, "accum") == 3 and _pull(k, "lr") == pytest.approx(0.01)  # (scale_lr: 0.01 x 1 rank)
+    assert _pull(k, "accum") == 2 and _pull(k, "lr") == pytest.approx(0.02)
     out = k.run("%%distributed --output all\nprint('world', world_size, loader.sampler.epoch)")
     assert out.stdout.count("world 1 1") == 1, out.stdout
 
@@ -231,6 +234,9 @@ def test_elastic_bad_input_is_one_line_before_anything_starts(kernel):
     cluster = SimpleNamespace(config=ClusterConfig(n=3, elastic="2:3"))  # (check() reads the configuration only)
     with pytest.raises(ValueError, match="this cluster runs with --elastic 2:3; resize within it"):
         check(cluster, 4)
+    with pytest.raises(ValueError, match="--backend deepspeed is not resized: DeepSpeed's checkpoints load only on "
+                                         "the world size that saved them"):
+        check(SimpleNamespace(config=ClusterConfig(n=2, backend="deepspeed")), 4)
     # after a loss (after_loss reads the configuration and the ranks' hosts): fewer than MIN left starts nothing;
     # on --hosts, the host that lost a rank goes with all its ranks
     ranks = [{"rank": r, "host": h} for r, h in enumerate(("a", "a", "b", "b"))]

@@ -505,7 +505,8 @@ def test_a_killed_remote_rank_is_detected_and_named(bed, login):
 
 def test_elastic_goes_on_on_the_node_left_when_the_other_nodes_rank_is_killed(bed, login):
     """--elastic 1:2 over ssh: node2's rank SIGKILLed mid-cell; the error names it and node2, the cluster goes on at
-    once with node1's rank from the newest checkpoint (in a folder both nodes see), and the next cell trains."""
+    once with node1's rank from the newest checkpoint (in a folder both nodes see), and the next cell trains; then
+    %dist resize --hosts grows it back onto node2."""
     ckpt = STATE / "kernels" / "login" / "elastic-ck"
     login.run(f"%%distributed --hosts node1:1,node2:1 --timeout 30 --elastic 1:2\nimport os, time, torch\n"
               f"model = jdist.prepare(torch.nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -525,6 +526,11 @@ def test_elastic_goes_on_on_the_node_left_when_the_other_nodes_rank_is_killed(be
     out = login.run("%%distributed --output all\nimport socket\nloss = model(torch.ones(1, 2)).sum()\n"
                     "opt.zero_grad(); loss.backward(); opt.step()\nprint('on', socket.gethostname(), world_size)")
     assert out.stdout.count("on node1 1") == 1 and "node2" not in out.stdout, out.stdout
+    # node2 is back: the cluster grows to it again, with the training as it is now
+    out = login.run("%dist resize --hosts node1:1,node2:1", timeout=240)
+    assert "Resized 1 -> 2 ranks in " in out.stdout and "hosts: node1:1,node2:1" in out.stdout, out.stdout
+    out = login.run("%%distributed --output all\nimport socket\nprint('on', socket.gethostname(), world_size)")
+    assert "on node1 2" in out.stdout and "on node2 2" in out.stdout, out.stdout
     login.run("%dist stop", allow_error=True)
 
 

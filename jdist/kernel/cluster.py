@@ -652,6 +652,15 @@ class ClusterSession:
         """Ranks whose process has ended, the first to end first (cheap: every poll of a cell)."""
         return self.launcher.deaths() if self.launcher is not None else []
 
+    def wait_all_ended(self, timeout: float) -> bool:
+        """After a death (MPI ends the others): wait until every rank's process has ended, as the launcher sees it
+        (on other hosts, each rank's exit line comes after the shell around it removed its MPI segments), at most
+        ``timeout`` s; whether they all did. A new job started on a host before then can meet what the old one
+        left there."""
+        from jdist.common.waiting import poll_until
+
+        return poll_until(lambda: len(set(self.dead_ranks())) >= len(self.ranks), timeout, interval=0.05)
+
     def death_report(self, dead: Sequence[int]) -> RankDeath:
         """Which rank died first and why (it takes the others down: MPI ends the whole job). An engine whose
         controller is gone ends by itself once it has missed the controller's heartbeat for about 35 s

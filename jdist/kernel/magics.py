@@ -206,6 +206,8 @@ class DistributedMagics(Magics):
     @argument("-n", type=int, default=None, dest="size", metavar="M",
               help="resize: the new number of ranks (CPU ranks, or GPUs on a --gpus cluster).")
     @argument("--gpus", type=int, default=None, metavar="M", help="resize: the new number of GPU ranks.")
+    @argument("--hosts", default=None, metavar="HOST:N,...",
+              help="resize: the hosts of an ssh cluster and ranks on each (-n defaults to their sum).")
     @argument("--keep-global-batch", action="store_true",
               help="resize: keep the samples per step by changing the gradient accumulation (else the global batch "
                    "scales with the ranks).")
@@ -312,15 +314,21 @@ class DistributedMagics(Magics):
         if args.size is not None and args.gpus is not None:
             raise usage_error("%dist resize takes -n M or --gpus M, not both.")
         size = args.size if args.size is not None else args.gpus
-        if size is None:
-            raise usage_error("%dist resize needs the new number of ranks: %dist resize -n 4 (or --gpus 4).")
         cluster = cl.current()
         try:
-            resize.check(cluster, size)
+            changes = resize.launcher_changes(cluster, hosts=args.hosts)
+            if size is None and changes.get("hosts"):
+                from .launch.remote import parse_hosts
+
+                size = sum(count for _, count in parse_hosts(changes["hosts"]))
+            if size is None:
+                raise ValueError("%dist resize needs the new number of ranks: %dist resize -n 4 (or --gpus 4, or "
+                                 "--hosts node1:2,node2:2 on an ssh cluster).")
+            resize.check(cluster, size, changes)
             assert cluster is not None
             if args.gpus is not None and not cluster.config.gpus:
                 raise ValueError(f"%dist resize --gpus {size}: this cluster runs CPU ranks; resize it with -n {size}.")
-            _say(resize.resize(cluster, size, _say, args.dir, args.keep_global_batch))
+            _say(resize.resize(cluster, size, _say, args.dir, args.keep_global_batch, changes))
         except ValueError as exc:
             raise usage_error(str(exc)) from None
 

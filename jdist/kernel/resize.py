@@ -52,8 +52,19 @@ NOT_RESIZED = {
 }
 
 
-def check(cluster: ClusterSession | None, n: int) -> None:
-    """One line for what cannot be resized, before anything stops."""
+def launcher_changes(cluster: ClusterSession | None, hosts: str | None = None) -> dict[str, Any]:
+    """The launcher options a resize changes besides the number of ranks: ``--hosts`` of an ssh cluster (the hosts
+    that answer again, or others); one line for a launcher that has none."""
+    if hosts is None:
+        return {}
+    if cluster is not None and cluster.config.get("hosts") is None:
+        raise ValueError(f"%dist resize --hosts {hosts}: this cluster's ranks are not started over ssh (--launcher "
+                         f"{cluster.config.launcher}); resize it with -n.")
+    return {"hosts": hosts}
+
+
+def check(cluster: ClusterSession | None, n: int, changes: dict[str, Any] | None = None) -> None:
+    """One line for what cannot be resized, before anything stops (``changes``: :func:`launcher_changes`)."""
     if cluster is None:
         raise ValueError("No jdist cluster is running, so there is nothing to resize: start one with "
                          "%%distributed -n 2 (and resize it later).")
@@ -70,7 +81,7 @@ def check(cluster: ClusterSession | None, n: int) -> None:
 
     from .probes import probe
 
-    new = cluster.config.replace(n=n)
+    new = cluster.config.replace(n=n, **(changes or {}))
     try:  # what the launcher can give (--hosts' room, Slurm's -N), the GPUs here: before anything stops
         option_table().check(new)
         probe(new, cluster.config)
@@ -103,21 +114,28 @@ def accumulation(old: int, n: int, grad_accum: int, backend: str) -> int:
 
 
 def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | None = None,
-           directory: str | None = None, keep_global_batch: bool = False) -> str:
+           directory: str | None = None, keep_global_batch: bool = False,
+           changes: dict[str, Any] | None = None) -> str:
     """Resize ``cluster`` to ``n`` ranks, keeping its training (see the module doc); returns the report.
     ``keep_global_batch``: change the prepared models' gradient accumulation so that a step sees as many samples
-    as before (else the global batch scales with the ranks)."""
+    as before (else the global batch scales with the ranks); ``changes``: launcher options (:func:`launcher_changes`)."""
     say = progress or (lambda msg: None)
-    check(cluster, n)
+    changes = changes or {}
+    check(cluster, n, changes)
     old = cluster.config.n
-    if n == old:
+    if n == old and all(cluster.config.get(k) == v for k, v in changes.items()):
         return f"The cluster has {n} rank(s) already: nothing to resize."
     cluster.require_free(None, "The resize")
     folder = snapshot_dir(cluster, directory)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     say(f"Resizing {old} -> {n} ranks: saving the state of the {old} ranks...")
-    manifest = cluster.call("elastic_snapshot", str(folder), timeout=cluster.config.timeout + 120)[0]
+    try:
+        manifest = cluster.call("elastic_snapshot", str(folder), timeout=cluster.config.timeout + 120)[0]
+    except Exception as exc:  # (a rank could not save: nothing stopped, the cluster goes on as it was)
+        evalue = getattr(exc, "evalue", None) or str(exc)
+        raise ValueError(f"%dist resize -n {n}: saving the ranks' state failed, so nothing was stopped: {evalue}") \
+            from None
     times["snapshot"] = time.perf_counter() - t0
     accum = None
     if keep_global_batch:
@@ -131,7 +149,7 @@ def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | No
     cluster.stop()
     times["stop"] = time.perf_counter() - t
     t = time.perf_counter()
-    config, cluster.config = cluster.config, cluster.config.replace(n=n)
+    config, cluster.config = cluster.config, cluster.config.replace(n=n, **changes)
     fallback = None
     try:
         cluster.start(say)
@@ -165,6 +183,8 @@ def resize(cluster: ClusterSession, n: int, progress: Callable[[str], None] | No
     times["load"] = time.perf_counter() - t
     shutil.rmtree(folder, ignore_errors=True)
     lines = report(old, cluster.config.n, manifest, loaded, replayed, times, time.perf_counter() - t0)
+    if changes.get("hosts"):
+        lines.insert(1, f"  hosts: {cluster.config.get('hosts')} (ranks per host).")
     lines.append("  " + batch_line(old, cluster.config.n, manifest, accum, loaded))
     for line in skipped:
         lines.append(f"  {line[0].upper()}{line[1:]} (what it defined is carried where it was alike on every rank).")
@@ -256,9 +276,15 @@ def go_on_after_loss(cluster: ClusterSession, death: Any, progress: Callable[[st
     if config is None:
         return (f"jdist: {what}: {short}; run %dist restart for {cluster.config.n} fresh ranks, or %dist resize -n N "
                 "once capacity is back.")
+    cluster.wait_all_ended(10.0)  # (the lost ranks' peers, which MPI ends: what they leave on their hosts goes)
     cluster.config = config
     say(f"jdist: {what}: going on with {config.n} rank(s) (--elastic {low}:{high})...")
-    done = recovery.restart(cluster, say)
+    try:
+        done = recovery.restart(cluster, say)
+    except Exception as exc:  # (the death is still said: the cell's error comes after this line)
+        lines = getattr(exc, "lines", None) or [str(exc)]
+        return (f"jdist: {what}: going on with {config.n} rank(s) (--elastic {low}:{high}) failed: {lines[0]} "
+                "Run %dist restart to try again.")
     where = ""
     if config.get("hosts"):
         where = f" on {', '.join(sorted({info['host'] for info in cluster.ranks}))}"
@@ -285,5 +311,5 @@ def batch_line(old: int, new: int, manifest: dict[str, Any], accum: int | None, 
                    "keeps the batch).")
 
 
-__all__ = ["NOT_RESIZED", "accumulation", "after_loss", "batch_line", "check", "go_on_after_loss", "lost", "report",
-           "resize", "snapshot_dir"]
+__all__ = ["NOT_RESIZED", "accumulation", "after_loss", "batch_line", "check", "go_on_after_loss", "launcher_changes",
+           "lost", "report", "resize", "snapshot_dir"]

@@ -196,9 +196,11 @@ def restore(directory: str, manifest: dict[str, Any], checkpoint: dict[str, Any]
     for st in manifest["states"]:
         load_checkpoint(st["path"], model=ns[st["model"]], optimizer=ns.get(st["optimizer"] or ""),
                         scheduler=ns.get(st["scheduler"] or ""), restore_rng=False, notes=[])
-    factor = _relearn(ns, manifest, ctx.world_size)
-    if grad_accum is not None:
+    factor = None
+    if grad_accum is not None:  # the global batch is kept: so is the learning rate
         s.train.grad_accum = int(grad_accum)
+    else:
+        factor = _relearn(ns, manifest, ctx.world_size)
     t_state = time.perf_counter() - t0
     loaders = {name: ns[name].resume_elastic(state, ctx.rank, ctx.world_size)
                for name, state in manifest["loaders"].items()}
