@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import _inner_optimizer as _inner  # (a prepared optimizer's torch optimizer)
 from .namespace import user_ns
 from .session import session
 
@@ -62,10 +63,6 @@ def _world_objects() -> tuple[type, ...]:
     if training is not None:
         kinds += [training.PreparedOptimizer, training.PreparedScheduler]
     return tuple(kinds)
-
-
-def _inner(optimizer: Any) -> Any:
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _params(obj: Any) -> set[int]:

@@ -226,7 +226,8 @@ class AloneInCollective:
         self.finished: dict[int, Sample] = {}  # the finished ranks' samples (they no longer change)
 
     def poll(self, now: float, sup: CellSupervisor) -> Action | None:
-        if sup.releasing or not backend_spec(sup.cluster.config.backend).releases:
+        spec = backend_spec(sup.cluster.config.backend)
+        if sup.releasing or not spec.releases:
             return None
         running = sup.view.running()
         ranks = list(getattr(sup, "ranks", ()))
@@ -239,7 +240,6 @@ class AloneInCollective:
         if now - self.since < self.after or now - self.last < self.every:
             return None
         self.last = now
-        spec = backend_spec(sup.cluster.config.backend)
         wanted = [r for r in finished if r not in self.finished]
         if wanted:
             self.finished.update(sup.cluster.samples(wanted, timeout=SAMPLE_TIMEOUT_S))
